@@ -1,0 +1,32 @@
+# The two commands of the README. Each creates the virtual environment it needs (.venv) by itself.
+#   make pretrain   the main job on its embedded default: accelerate launch examples/pretrain.py
+#   make test       the whole test suite
+# TORCH_SPEC pins the PyTorch build installed first; the default is the tested CPU release (on this
+# project's machines its wheel lies on local disk). On a GPU machine: make pretrain TORCH_SPEC=torch
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+ACCELERATE_ARGS ?= --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.hf_pretrain-installed
+
+.PHONY: pretrain test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	touch $(STAMP)
+
+pretrain: $(STAMP)
+	$(BIN)/accelerate launch $(ACCELERATE_ARGS) examples/pretrain.py $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/ruff check hf_pretrain examples benchmarks tests
+	$(BIN)/ruff format --check hf_pretrain examples benchmarks tests
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

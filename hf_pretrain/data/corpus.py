@@ -1,0 +1,158 @@
+"""Text corpora: the embedded default and the user's own files, as `datasets` with a held-out split.
+
+The embedded default needs no download: it is English prose that ships with every CPython, the
+reference topics of `pydoc_data` (the text behind `help("for")`) plus the docstrings of a fixed
+list of pure-Python standard-library modules, about 1 MB. Topics are cut at blank lines into
+documents of at most `max_chars` characters so that a held-out split by document is meaningful;
+short paragraphs are merged into their neighbours, and the few remnants under 40 characters (bare
+headings) are left out.
+
+The held-out split is by document, chosen by a hash of the text, so it is stable across runs,
+machines and orderings, and no held-out document leaks into training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+from pathlib import Path
+
+from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+
+STDLIB_MODULES = (
+    "argparse",
+    "asyncio",
+    "collections",
+    "contextlib",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "email",
+    "enum",
+    "fractions",
+    "functools",
+    "heapq",
+    "http.client",
+    "inspect",
+    "itertools",
+    "json",
+    "logging",
+    "pathlib",
+    "pickle",
+    "random",
+    "re",
+    "shutil",
+    "socket",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "textwrap",
+    "threading",
+    "typing",
+    "unittest",
+    "urllib.parse",
+    "zipfile",
+)
+TEXT_SUFFIXES = {
+    ".txt": "text",
+    ".md": "text",
+    ".jsonl": "json",
+    ".json": "json",
+    ".arrow": "arrow",
+    ".parquet": "parquet",
+}
+
+
+def _split_paragraphs(text: str, max_chars: int) -> list[str]:
+    docs, current = [], ""
+    for para in text.split("\n\n"):
+        if current and len(current) + len(para) > max_chars:
+            docs.append(current.strip())
+            current = ""
+        current += para + "\n\n"
+    if current.strip():
+        docs.append(current.strip())
+    return docs
+
+
+def embedded_documents(max_chars: int = 2000) -> list[str]:
+    """Documents from text that ships with Python: pydoc topics and stdlib docstrings."""
+    from pydoc_data.topics import topics
+
+    docs = [d for key in sorted(topics) for d in _split_paragraphs(topics[key], max_chars)]
+    for name in STDLIB_MODULES:
+        module = importlib.import_module(name)
+        pieces = [inspect.getdoc(module) or ""]
+        for attr in sorted(vars(module)):
+            obj = getattr(module, attr)
+            public = not attr.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj))
+            if public and getattr(obj, "__module__", "").startswith(name.split(".")[0]):
+                pieces.append(f"{attr}\n\n{inspect.getdoc(obj) or ''}")
+        docs += _split_paragraphs("\n\n".join(p for p in pieces if len(p) > 40), max_chars)
+    return [d for d in docs if len(d) >= 40]
+
+
+def is_heldout(text: str, fraction: float) -> bool:
+    """Deterministic document-level split: the first 8 bytes of SHA-1 of the text as a fraction."""
+    digest = int.from_bytes(hashlib.sha1(text.encode("utf-8")).digest()[:8], "big")
+    return digest / 2**64 < fraction
+
+
+def write_embedded_corpus(out_dir: str | Path, heldout_fraction: float = 0.05) -> dict[str, Path]:
+    """Write the embedded corpus as `train.jsonl` / `heldout.jsonl` in `out_dir` (kept if present)."""
+    out = Path(out_dir)
+    paths = {"train": out / "train.jsonl", "heldout": out / "heldout.jsonl"}
+    if all(p.exists() for p in paths.values()):
+        return paths
+    out.mkdir(parents=True, exist_ok=True)
+    docs = embedded_documents()
+    for split, path in paths.items():
+        keep = [d for d in docs if is_heldout(d, heldout_fraction) == (split == "heldout")]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps({"text": d}) + "\n" for d in keep), encoding="utf-8")
+        tmp.replace(path)
+    return paths
+
+
+def load_text_dataset(path: str | Path, text_column: str = "text", heldout_fraction: float = 0.05) -> DatasetDict:
+    """Load the user's data: jsonl/json/text/parquet/arrow files, a folder of them, or a `save_to_disk` folder.
+
+    Returns a `DatasetDict` with `train` and `heldout`; an existing `heldout`/`validation`/`test` split is
+    used as is, otherwise documents are split by hash (see `is_heldout`).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"dataset_path={str(path)!r} does not exist; pass a file, a folder of files, or a save_to_disk folder."
+        )
+    if (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists():
+        data = load_from_disk(str(path))
+    else:
+        files = sorted(p for p in (path.rglob("*") if path.is_dir() else [path]) if p.suffix in TEXT_SUFFIXES)
+        kinds = {TEXT_SUFFIXES[p.suffix] for p in files}
+        if len(kinds) != 1:
+            raise ValueError(
+                f"dataset_path={str(path)!r}: expected files of one kind among {sorted(TEXT_SUFFIXES)}, found {sorted(kinds) or 'none'}."
+            )
+        data = load_dataset(kinds.pop(), data_files=[str(p) for p in files], split="train")
+    if isinstance(data, Dataset):
+        data = DatasetDict(train=data)
+    if text_column not in data["train"].column_names:
+        raise ValueError(
+            f"text_column={text_column!r} is not in the data; columns are {data['train'].column_names}. Pass --text_column."
+        )
+    for name in ("heldout", "validation", "test"):
+        if name in data:
+            return DatasetDict(train=data["train"], heldout=data[name])
+    flags = data["train"].map(
+        lambda b: {"_heldout": [is_heldout(t, heldout_fraction) for t in b[text_column]]}, batched=True
+    )
+    return DatasetDict(
+        train=flags.filter(lambda b: [not h for h in b["_heldout"]], batched=True).remove_columns("_heldout"),
+        heldout=flags.filter(lambda b: b["_heldout"], batched=True).remove_columns("_heldout"),
+    )

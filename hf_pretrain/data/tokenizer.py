@@ -1,0 +1,75 @@
+"""Byte-level BPE tokenizer training with the `tokenizers` library, saved as a transformers tokenizer.
+
+Byte-level means every byte has a token, so no input ever maps to `<unk>`. Digits are split one per
+token before BPE (numbers tokenize consistently, which helps arithmetic). Special tokens:
+`<|bos|>`, `<|eos|>` (document separator in packing) and `<|pad|>`, distinct so that padding never
+hides an end of document from the loss. The result is a `PreTrainedTokenizerFast` directory that
+`AutoTokenizer.from_pretrained` loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+SPECIAL_TOKENS = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "pad_token": "<|pad|>"}
+
+
+def _batches(texts: Iterable[str], batch_size: int = 1000) -> Iterator[list[str]]:
+    batch = []
+    for text in texts:
+        batch.append(text)
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE of `vocab_size` tokens (special tokens included) on `texts`."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < len(alphabet) + len(SPECIAL_TOKENS):
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: byte-level BPE needs at least {len(alphabet) + len(SPECIAL_TOKENS)}."
+        )
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS.values()),
+        initial_alphabet=alphabet,
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_batches(texts), trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL_TOKENS)
+
+
+def bytes_per_token(tokenizer: PreTrainedTokenizerFast, texts: Iterable[str]) -> float:
+    """UTF-8 bytes per token over `texts` (higher is a better compression)."""
+    texts = list(texts)
+    n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    n_tokens = sum(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
+    return n_bytes / max(n_tokens, 1)
+
+
+def load_or_train_tokenizer(
+    path: str | Path, texts: Iterable[str], vocab_size: int
+) -> tuple[PreTrainedTokenizerFast, bool]:
+    """The tokenizer saved at `path`, or a new one trained on `texts` and saved there. Returns (tokenizer, trained)."""
+    path = Path(path)
+    if (path / "tokenizer.json").exists():
+        return PreTrainedTokenizerFast.from_pretrained(str(path)), False
+    tokenizer = train_bpe_tokenizer(texts, vocab_size)
+    tokenizer.save_pretrained(str(path))
+    return tokenizer, True

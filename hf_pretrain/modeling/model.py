@@ -1,0 +1,207 @@
+"""`PretrainForCausalLM`: a Llama-architecture decoder with per-layer sliding windows.
+
+Pre-norm RMSNorm, SwiGLU MLP, RoPE, grouped-query attention, untied embeddings. Parameter names are
+those of `transformers.LlamaForCausalLM` (`model.layers.N.self_attn.q_proj.weight`, ...), so a
+checkpoint with `window_pattern="L"` loads in plain `LlamaForCausalLM` with identical logits.
+
+What is reused from transformers and what is ours:
+- reused: `LlamaRMSNorm`, `LlamaMLP` (SwiGLU), `LlamaRotaryEmbedding` / `apply_rotary_pos_emb`
+  (every RoPE scaling type), the mask builders and the attention kernels (see `attention.py`),
+  `DynamicCache` and `GenerationMixin`. Sharing them is what makes the logits match Llama's.
+- ours: the attention layer, which knows its own `sliding_window` and calls the single
+  `attention_forward` entry point, and the model loop, which hands each layer the mask of its
+  type (full or sliding) the way transformers' Ministral does. Plain Llama ignores
+  `sliding_window`; this model never does.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.models.llama.modeling_llama import (
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
+
+from .attention import SLIDING, attention_forward, build_attention_masks
+from .configuration import PretrainConfig
+
+
+class PretrainAttention(nn.Module):
+    """Multi-head attention with GQA and RoPE; `sliding_window` is None on full layers."""
+
+    def __init__(self, config: PretrainConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = True
+        self.sliding_window = config.sliding_window if config.layer_types[layer_idx] == SLIDING else None
+        bias = config.attention_bias
+        q_dim, kv_dim = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, q_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_dim, bias=bias)
+        self.o_proj = nn.Linear(q_dim, config.hidden_size, bias=bias)
+
+    def forward(self, hidden_states, position_embeddings, attention_mask, cache=None, **kwargs):
+        shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+        key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+        value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)
+        output, weights = attention_forward(self, query, key, value, attention_mask, **kwargs)
+        return self.o_proj(output.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
+
+
+class PretrainDecoderLayer(GradientCheckpointingLayer):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: PretrainConfig, layer_idx: int):
+        super().__init__()
+        self.layer_type = config.layer_types[layer_idx]
+        self.self_attn = PretrainAttention(config, layer_idx)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states, position_embeddings, attention_mask, cache=None, **kwargs):
+        attn_out, _ = self.self_attn(
+            self.input_layernorm(hidden_states), position_embeddings, attention_mask, cache, **kwargs
+        )
+        hidden_states = hidden_states + attn_out
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class PretrainPreTrainedModel(PreTrainedModel):
+    config: PretrainConfig
+    config_class = PretrainConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["PretrainDecoderLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+
+
+class PretrainModel(PretrainPreTrainedModel):
+    """The decoder stack without the LM head (`LlamaModel`'s parameter names)."""
+
+    def __init__(self, config: PretrainConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleList(PretrainDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | dict | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
+        cache = cache if cache is not None else past_key_values
+        if use_cache is None:  # a KV cache only serves generation: none in training unless asked for
+            use_cache = self.config.use_cache and not (self.training and torch.is_grad_enabled())
+        output_hidden_states = (
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        )
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past).unsqueeze(0)
+
+        masks = build_attention_masks(self.config, inputs_embeds, attention_mask, cache, position_ids)
+        position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
+        hidden_states, all_hidden = inputs_embeds, [inputs_embeds] if output_hidden_states else None
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                position_embeddings,
+                masks[layer.layer_type],
+                cache=cache,
+                position_ids=position_ids,
+                **kwargs,
+            )
+            if output_hidden_states:
+                all_hidden.append(hidden_states)
+        hidden_states = self.norm(hidden_states)
+        if output_hidden_states:
+            all_hidden[-1] = hidden_states
+        return BaseModelOutputWithPast(
+            last_hidden_state=hidden_states,
+            cache=cache if use_cache else None,
+            hidden_states=tuple(all_hidden) if output_hidden_states else None,
+        )
+
+
+class PretrainForCausalLM(PretrainPreTrainedModel, GenerationMixin):
+    """Causal LM head on `PretrainModel`; `lm_head` is untied unless the config ties it."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: PretrainConfig):
+        super().__init__(config)
+        self.model = PretrainModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | dict | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden_states = hidden_states[:, -logits_to_keep:]
+        elif isinstance(logits_to_keep, torch.Tensor):
+            hidden_states = hidden_states[:, logits_to_keep]
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(
+            loss=loss, logits=logits, cache=outputs.cache, hidden_states=outputs.hidden_states
+        )

@@ -1,0 +1,123 @@
+"""Size presets: plain functions in a registry, each returning a `PretrainConfig`.
+
+`get_preset(name, **overrides)` builds one; `PRESETS` maps names to builders and
+`nominal_parameters(name)` gives the size the name promises (checked by the test suite against a
+real parameter count). Shapes follow the usual recipes: SwiGLU width about 8/3 of the hidden size
+rounded up to a multiple of 64/128, head_dim 64 or 128, untied embeddings except where the
+original model tied them (GPT-2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .modeling.configuration import PretrainConfig
+
+PRESETS: dict[str, Callable[..., PretrainConfig]] = {}
+NOMINAL_PARAMETERS: dict[str, float] = {}
+
+
+def register_preset(name: str, nominal_parameters: float):
+    """Decorator: add a preset builder under `name`, promising about `nominal_parameters` weights."""
+
+    def wrap(builder: Callable[..., PretrainConfig]) -> Callable[..., PretrainConfig]:
+        PRESETS[name] = builder
+        NOMINAL_PARAMETERS[name] = nominal_parameters
+        return builder
+
+    return wrap
+
+
+def get_preset(name: str, **overrides) -> PretrainConfig:
+    """The `PretrainConfig` of preset `name`, with any field overridden by keyword."""
+    if name not in PRESETS:
+        raise ValueError(f"preset={name!r} is unknown; choose one of {sorted(PRESETS)}.")
+    return PRESETS[name](**overrides)
+
+
+def nominal_parameters(name: str) -> float:
+    return NOMINAL_PARAMETERS[name]
+
+
+def _config(overrides: dict, **shape) -> PretrainConfig:
+    return PretrainConfig(**{**shape, **overrides})
+
+
+@register_preset("tiny", 1.8e6)
+def tiny(**overrides) -> PretrainConfig:
+    """CPU default: trains in minutes on two cores in fp32 (vocab matches the example's BPE)."""
+    return _config(
+        overrides,
+        vocab_size=4096,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+    )
+
+
+@register_preset("gpt2-124m", 124e6)
+def gpt2_124m(**overrides) -> PretrainConfig:
+    """GPT-2 small's shape (12 x 768, 12 heads, 50,257 -> 50,304 vocab) with SwiGLU; tied like GPT-2."""
+    return _config(
+        overrides,
+        vocab_size=50304,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=12,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+
+
+@register_preset("0.9b", 0.9e9)
+def d20_0_9b(**overrides) -> PretrainConfig:
+    """20 layers, ~0.9 B: the single-machine run of the field notes, sliding windows SSSL."""
+    return _config(
+        overrides,
+        vocab_size=65536,
+        hidden_size=1664,
+        intermediate_size=4480,
+        num_hidden_layers=20,
+        num_attention_heads=13,
+        num_key_value_heads=13,
+        head_dim=128,
+        max_position_embeddings=2048,
+        window_pattern="SSSL",
+        sliding_window=1024,
+    )
+
+
+@register_preset("1.4b", 1.4e9)
+def d24_1_4b(**overrides) -> PretrainConfig:
+    """24 layers, ~1.4 B with GQA (16 heads, 4 KV heads): the two-machine run of the field notes."""
+    return _config(
+        overrides,
+        vocab_size=65536,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+    )
+
+
+@register_preset("llama2-7b", 7e9)
+def llama2_7b(**overrides) -> PretrainConfig:
+    """Llama 2 7B's shape: 32 x 4096, 32 heads, SwiGLU 11008, 32,000 vocab, untied."""
+    return _config(
+        overrides,
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+    )

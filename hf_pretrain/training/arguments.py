@@ -1,0 +1,44 @@
+"""`PretrainingArguments`: `TrainingArguments` plus the switches of hf_pretrain.
+
+Every `TrainingArguments` field keeps its meaning, so `HfArgumentParser(PretrainingArguments)` takes
+the same command line a transformers user already writes. Differences:
+- `pretrain_extras` (default True): hf_pretrain's additions to the Trainer. Off, `PretrainTrainer`
+  behaves exactly as `transformers.Trainer`.
+- `include_num_input_tokens_seen` defaults to `"non_padding"`: tokens seen count real tokens.
+- `use_cpu` defaults to `None` = auto: True when torch sees no accelerator, so a CPU-only machine
+  trains on CPU (gloo for several processes) without a flag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import TrainingArguments
+
+
+def accelerator_available() -> bool:
+    return torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+
+
+@dataclass
+class PretrainingArguments(TrainingArguments):
+    pretrain_extras: bool = field(
+        default=True,
+        metadata={
+            "help": "hf_pretrain's additions (throughput logging, run checks). False: plain transformers.Trainer behaviour."
+        },
+    )
+    include_num_input_tokens_seen: str = field(
+        default="non_padding",
+        metadata={"help": "Count tokens seen: 'non_padding' (real tokens), 'all', or 'no'."},
+    )
+    use_cpu: bool | None = field(
+        default=None,
+        metadata={"help": "Train on CPU. Default: auto, True when no GPU/accelerator is visible."},
+    )
+
+    def __post_init__(self):
+        if self.use_cpu is None:
+            self.use_cpu = not accelerator_available()
+        super().__post_init__()

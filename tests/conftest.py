@@ -1,0 +1,20 @@
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from hf_pretrain import PretrainConfig  # noqa: E402
+
+
+def small_config(**overrides) -> PretrainConfig:
+    shape = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    return PretrainConfig(**{**shape, **overrides})

@@ -1,0 +1,22 @@
+"""The benchmark scripts run (their timings are printed, never asserted)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_step_time_benchmark_runs_and_prints_a_ratio(capsys):
+    ratios = load("step_time").main(["--presets", "tiny", "--rounds", "1", "--steps", "2", "--seq-len", "32"])
+    assert set(ratios) == {"tiny"} and ratios["tiny"] > 0
+    assert "ratio" in capsys.readouterr().out

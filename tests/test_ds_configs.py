@@ -1,0 +1,36 @@
+"""The DeepSpeed presets parse through transformers' integration and DeepSpeed's own parser."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+deepspeed_config = pytest.importorskip("deepspeed.runtime.config", reason="deepspeed is not installed")
+
+from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig  # noqa: E402
+
+from hf_pretrain import PretrainForCausalLM, PretrainingArguments, get_preset  # noqa: E402
+
+PRESETS = sorted((Path(__file__).resolve().parents[1] / "ds_configs").glob("*.json"))
+
+
+def test_presets_exist():
+    assert {p.stem for p in PRESETS} >= {"zero2", "zero3"}
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_trainer_fills_every_auto_and_deepspeed_accepts_the_result(path, tmp_path):
+    args = PretrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=2, max_grad_norm=0.5
+    )
+    config = HfTrainerDeepSpeedConfig(str(path))
+    config.trainer_config_process(args)
+    config.trainer_config_finalize(args, PretrainForCausalLM(get_preset("tiny")), num_training_steps=100)
+    assert "auto" not in json.dumps(config.config)
+    parsed = deepspeed_config.DeepSpeedConfig(config.config)
+    assert parsed.train_micro_batch_size_per_gpu == 4 and parsed.gradient_accumulation_steps == 2
+    assert parsed.gradient_clipping == 0.5
+    assert parsed.zero_optimization_stage == int(path.stem[-1])
+    if parsed.zero_optimization_stage == 3:
+        # Save full 16-bit weights, not near-empty shards.
+        assert parsed.zero_config.gather_16bit_weights_on_model_save

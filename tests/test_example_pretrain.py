@@ -1,0 +1,87 @@
+"""End-to-end: `accelerate launch examples/pretrain.py` as a user runs it, one and two CPU ranks."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hf_pretrain import PretrainForCausalLM
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = [
+    "--max_steps",
+    "250",
+    "--seq_len",
+    "128",
+    "--per_device_train_batch_size",
+    "8",
+    "--warmup_steps",
+    "20",
+    "--logging_steps",
+    "50",
+]
+
+
+def launch(out: Path, *launch_args: str, extra=(), data_dir: Path | None = None) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        *launch_args,
+        str(ROOT / "examples" / "pretrain.py"),
+        "--output_dir",
+        str(out),
+        *FAST,
+        *extra,
+    ]
+    if data_dir:
+        cmd += ["--data_cache_dir", str(data_dir)]
+    env = {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1" if "--multi_gpu" in launch_args else "2",
+    }
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_default_job_trains_evaluates_saves_and_samples(tmp_path):
+    data = tmp_path / "data"
+    proc = launch(tmp_path / "run", "--num_processes", "1", data_dir=data)
+    summary = json.loads((tmp_path / "run" / "pretrain_summary.json").read_text())
+    # Loss fell far below what a model that knows only token frequencies could reach.
+    assert summary["heldout_loss"] < summary["unigram_entropy"] - 0.5, summary
+    # Real tokens of 250 batches of 8 x 128 (an epoch's last batch may be short).
+    assert 249 * 8 * 128 < summary["tokens_seen"] <= 250 * 8 * 128 and summary["tokens_seen"] % 128 == 0
+    assert summary["world_size"] == 1
+    assert "held-out loss" in proc.stdout and "unigram entropy" in proc.stdout and "tokens_per_second" in proc.stdout
+    assert set(summary["samples"]) == {"The for statement", "A class definition", "If 5x + 3 = 13, then x is"}
+    assert all(isinstance(text, str) and text for text in summary["samples"].values())
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "run")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run")
+    assert isinstance(model, PretrainForCausalLM) and len(tokenizer) <= model.config.vocab_size
+    ids = tokenizer("The for statement", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.isfinite(model(ids).logits).all()
+
+    # A second run reuses corpus, tokenizer and packed blocks.
+    again = launch(tmp_path / "run2", "--num_processes", "1", extra=["--max_steps", "2"], data_dir=data)
+    assert "[tokenizer] loaded" in again.stdout and again.stdout.count("[reused cache]") == 2
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_cpu_ranks_with_multi_gpu_launch(tmp_path):
+    proc = launch(tmp_path / "run", "--multi_gpu", "--num_processes", "2", extra=["--max_steps", "6"])
+    summary = json.loads((tmp_path / "run" / "pretrain_summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert summary["tokens_seen"] == 6 * 2 * 8 * 128  # both ranks' tokens, gathered
+    assert "2 process(es) on cpu" in proc.stdout

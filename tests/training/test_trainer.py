@@ -1,0 +1,79 @@
+import pytest
+import torch
+from datasets import Dataset
+from transformers import Trainer, TrainingArguments, default_data_collator
+
+from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
+from tests.conftest import small_config
+
+
+def dataset(n=64, seq=32):
+    g = torch.Generator().manual_seed(1)
+    starts = torch.randint(0, 128, (n, 1), generator=g)
+    ids = (starts + 3 * torch.arange(seq)) % 128  # a learnable rule: each token is the previous + 3
+    mask = torch.ones_like(ids)
+    mask[::4, -5:] = 0  # some padding, to check that tokens seen counts only real tokens
+    labels = ids.masked_fill(mask == 0, -100)
+    return Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": mask.tolist(), "labels": labels.tolist()})
+
+
+def run(trainer_cls, args_cls, tmp_path, **extra):
+    torch.manual_seed(0)
+    model = PretrainForCausalLM(small_config())
+    args = args_cls(
+        output_dir=str(tmp_path),
+        max_steps=8,
+        per_device_train_batch_size=8,
+        learning_rate=3e-3,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=7,
+        use_cpu=True,
+        disable_tqdm=True,
+        **extra,
+    )
+    trainer = trainer_cls(model=model, args=args, train_dataset=dataset(), data_collator=default_data_collator)
+    trainer.train()
+    return trainer, [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return run(Trainer, TrainingArguments, tmp_path_factory.mktemp("ref"))[1]
+
+
+def test_drop_in_with_plain_training_arguments_gives_the_same_losses(tmp_path, reference):
+    trainer, losses = run(PretrainTrainer, TrainingArguments, tmp_path)
+    assert len(losses) == 8 and losses == reference
+    assert losses[-1] < losses[0]
+
+
+def test_extras_off_is_transformers_trainer(tmp_path, reference):
+    trainer, losses = run(PretrainTrainer, PretrainingArguments, tmp_path, pretrain_extras=False)
+    assert losses == reference
+    assert "tokens_per_second" not in trainer.state.log_history[0]
+
+
+def test_extras_count_real_tokens_and_log_throughput(tmp_path):
+    trainer, _ = run(PretrainTrainer, PretrainingArguments, tmp_path)
+    data = dataset()
+    real_tokens_per_epoch = sum(sum(m) for m in data["attention_mask"])
+    # 8 steps x 8 rows = one pass over the 64 rows
+    assert trainer.state.num_input_tokens_seen == real_tokens_per_epoch < 64 * 32
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert all(h["tokens_per_second"] > 0 and h["tokens_per_second_per_rank"] == h["tokens_per_second"] for h in logs)
+
+
+def test_pretraining_arguments_detect_cpu_and_keep_trainer_fields(tmp_path):
+    args = PretrainingArguments(output_dir=str(tmp_path), learning_rate=1e-4, report_to="none")
+    assert args.use_cpu is (not torch.cuda.is_available())
+    assert args.include_num_input_tokens_seen == "non_padding" and args.learning_rate == 1e-4
+
+
+def test_refuses_silent_single_process_training(tmp_path, monkeypatch):
+    args = PretrainingArguments(output_dir=str(tmp_path), report_to="none", max_steps=1)
+    assert args.world_size == 1  # the Trainer's state is set up as one process...
+    monkeypatch.setenv("WORLD_SIZE", "2")  # ...while the launcher says two
+    with pytest.raises(RuntimeError, match="started 2 processes but the Trainer runs with world_size=1"):
+        PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args, train_dataset=dataset())
