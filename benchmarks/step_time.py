@@ -74,8 +74,9 @@ def compare(preset: str, seq_len: int, batch: int, rounds: int, steps: int) -> f
     ids = torch.randint(0, config.vocab_size, (batch * (steps + 1), seq_len))
     data = Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()})
     times = {"hf_pretrain": [], "llama": []}
-    for _ in range(rounds):
-        for name, model in (("hf_pretrain", ours), ("llama", llama)):
+    models = [("hf_pretrain", ours), ("llama", llama)]
+    for round_index in range(rounds):  # ABBA order: neither model always runs first
+        for name, model in models if round_index % 2 == 0 else models[::-1]:
             times[name] += time_steps(model, data, steps, batch)
     med = {name: statistics.median(t) for name, t in times.items()}
     ratio = med["hf_pretrain"] / med["llama"]

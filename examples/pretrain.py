@@ -22,10 +22,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import DataCollatorForLanguageModeling, HfArgumentParser, PreTrainedTokenizerBase
+from transformers import HfArgumentParser, PreTrainedTokenizerBase
 
 from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer, get_preset
 from hf_pretrain.data import (
+    PackedDocumentCollator,
     bytes_per_token,
     load_or_train_tokenizer,
     load_text_dataset,
@@ -63,7 +64,12 @@ class ModelArguments:
     preset: str = field(default="tiny", metadata={"help": f"Size preset, one of {sorted(PRESETS)}."})
     window_pattern: str | None = field(default=None, metadata={"help": "Override the preset's pattern, e.g. SSSL."})
     sliding_window: int | None = field(default=None, metadata={"help": "Window of S layers, in tokens."})
-    attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa, eager, flash_attention_2, ..."})
+    attention_backend: str = field(
+        default="auto",
+        metadata={
+            "help": "auto (fastest kernel per layer type), flash_attention_3, flash_attention_2, flex_attention, sdpa, eager."
+        },
+    )
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 on a GPU that has it, else fp32), fp32 or bf16."})
 
 
@@ -90,6 +96,9 @@ class DataArguments:
         default=None, metadata={"help": "Where corpus, tokenizer and packed blocks are cached."}
     )
     num_proc: int | None = field(default=None, metadata={"help": "Worker processes for tokenization."})
+    separate_documents: bool = field(
+        default=True, metadata={"help": "Keep attention and positions within each packed document (False: GPT-style)."}
+    )
 
 
 def parse_args(argv: list[str] | None = None):
@@ -171,7 +180,7 @@ def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, 
         max_position_embeddings=max(preset.max_position_embeddings, seq_len),
         **overrides,
     )
-    config._attn_implementation = model_args.attn_implementation
+    config.attention_backend = model_args.attention_backend
     return PretrainForCausalLM(config)
 
 
@@ -194,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
     preset_vocab = get_preset(model_args.preset).vocab_size
     tokenizer, train, heldout = prepare_data(data_args, args, preset_vocab)
     model = build_model(model_args, tokenizer, data_args.seq_len)
-    collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
+    collator = PackedDocumentCollator(tokenizer.eos_token_id, separate_documents=data_args.separate_documents)
     trainer = PretrainTrainer(
         model=model,
         args=args,
@@ -207,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
         n_params = sum(p.numel() for p in model.parameters())
         print(
             f"[model] preset {model_args.preset}: {n_params / 1e6:.2f} M parameters, layers {model.config.window_pattern!r}, "
-            f"{dtype}, {args.world_size} process(es) on {args.device.type}, attention {model.config._attn_implementation}"
+            f"{dtype}, {args.world_size} process(es) on {args.device.type}, attention {model.config.attention_backend}"
         )
     result = trainer.train()
     trainer.save_model(args.output_dir)

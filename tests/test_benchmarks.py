@@ -20,3 +20,10 @@ def test_step_time_benchmark_runs_and_prints_a_ratio(capsys):
     ratios = load("step_time").main(["--presets", "tiny", "--rounds", "1", "--steps", "2", "--seq-len", "32"])
     assert set(ratios) == {"tiny"} and ratios["tiny"] > 0
     assert "ratio" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_attention_benchmark_times_every_backend_that_runs_here(capsys):
+    load("attention").main(["--seq-len", "64", "--window", "16", "--heads", "2", "--head-dim", "16", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "full sdpa" in out and "window 16 sdpa" in out and "eager" in out and "x the fastest" in out

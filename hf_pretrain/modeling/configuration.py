@@ -12,6 +12,11 @@ meaning and a checkpoint of a model without windows loads with plain `LlamaForCa
 - `layer_types`: derived from the two above (`"sliding_attention"` / `"full_attention"` per layer),
   the field transformers' mask builders and `DynamicCache` read. It is never set by hand.
 
+- `attention_backend`: `"auto"` (default: per layer type, the fastest kernel installed here that
+  can do what the layer needs, see `attention.py`) or one of `flash_attention_3`,
+  `flash_attention_2`, `flex_attention`, `sdpa`, `eager` for every layer. Passing transformers'
+  `attn_implementation=` to `from_pretrained`/`from_config` sets it too.
+
 `tie_word_embeddings` defaults to False (untied input and output embeddings).
 """
 
@@ -19,6 +24,8 @@ from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
+
+from .attention import BACKENDS
 
 WINDOW_LETTERS = {"S": "sliding_attention", "L": "full_attention"}
 
@@ -43,6 +50,7 @@ class PretrainConfig(LlamaConfig):
     window_pattern: str = "L"
     sliding_window: int | None = 1024
     layer_types: list[str] | None = None
+    attention_backend: str = "auto"
 
     def __post_init__(self, **kwargs):
         self._check_shapes()
@@ -81,6 +89,8 @@ class PretrainConfig(LlamaConfig):
                 self.sliding_window,
                 "with 'S' in window_pattern it must be a positive integer number of tokens",
             )
+        if self.attention_backend not in ("auto", *BACKENDS):
+            _reject("attention_backend", self.attention_backend, f"use 'auto' or one of {list(BACKENDS)}")
         expected = layer_types_from_pattern(pattern, self.num_hidden_layers)
         if self.layer_types is not None and list(self.layer_types) != expected:
             _reject(
@@ -92,6 +102,11 @@ class PretrainConfig(LlamaConfig):
     def validate_architecture(self):
         self._check_shapes()
         self._check_windows()
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out.pop("_attention_request_seen", None)  # bookkeeping of the model's init, not a setting
+        return out
 
     @property
     def window_sizes(self) -> list[int | None]:

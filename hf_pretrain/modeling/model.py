@@ -29,7 +29,16 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
-from .attention import SLIDING, attention_forward, build_attention_masks
+from .attention import (
+    BACKENDS,
+    SLIDING,
+    Choice,
+    Environment,
+    attention_forward,
+    build_attention_masks,
+    config_for_backend,
+    plan_attention,
+)
 from .configuration import PretrainConfig
 
 
@@ -95,6 +104,16 @@ class PretrainPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
 
+    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs):
+        # transformers' `attn_implementation=` (from_pretrained, from_config, set_attn_implementation) asks for one
+        # kernel everywhere: record it as hf_pretrain's `attention_backend`. Only the outermost init sees the user's
+        # request; the nested PretrainModel init sees the default transformers filled in, which is not a request.
+        first = not getattr(self.config, "_attention_request_seen", False)
+        if attn_implementation in BACKENDS and (first or not is_init_check):
+            self.config.attention_backend = attn_implementation
+        self.config._attention_request_seen = True
+        return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check=is_init_check, **kwargs)
+
 
 class PretrainModel(PretrainPreTrainedModel):
     """The decoder stack without the LM head (`LlamaModel`'s parameter names)."""
@@ -106,7 +125,26 @@ class PretrainModel(PretrainPreTrainedModel):
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
         self.gradient_checkpointing = False
+        self.attention_plan: dict[str, Choice] | None = None
+        self._plan_key = None
         self.post_init()
+
+    def set_attention_plan(self, plan: dict[str, Choice]) -> None:
+        """Run each layer type with the kernel `plan` names (see `attention.plan_attention`)."""
+        views = {t: config_for_backend(self.config, choice.backend) for t, choice in plan.items()}
+        for layer in self.layers:
+            layer.self_attn.config = views[layer.layer_type]
+        self.attention_plan, self._mask_configs = plan, views
+
+    def _plan_for(self, inputs_embeds, packed: bool) -> None:
+        """(Re)plan the kernels when what they depend on changed: device, dtype, mode, packing, request."""
+        device = inputs_embeds.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else inputs_embeds.dtype
+        training = self.training and torch.is_grad_enabled()
+        key = (device, dtype, training, packed, self.config.attention_backend)
+        if key != self._plan_key:
+            self.set_attention_plan(plan_attention(self.config, Environment.detect(device, dtype, training), packed))
+            self._plan_key = key
 
     def forward(
         self,
@@ -123,8 +161,10 @@ class PretrainModel(PretrainPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds.")
         cache = cache if cache is not None else past_key_values
-        if use_cache is None:  # a KV cache only serves generation: none in training unless asked for
-            use_cache = self.config.use_cache and not (self.training and torch.is_grad_enabled())
+        # Position ids without a 2D mask or cache: possibly packed documents (restarting positions).
+        packed = position_ids is not None and attention_mask is None and cache is None
+        if use_cache is None:  # a KV cache only serves generation: none in training or on packed rows unless asked for
+            use_cache = self.config.use_cache and not (self.training and torch.is_grad_enabled()) and not packed
         output_hidden_states = (
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         )
@@ -132,11 +172,12 @@ class PretrainModel(PretrainPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         if use_cache and cache is None:
             cache = DynamicCache(config=self.config)
+        self._plan_for(inputs_embeds, packed)
         if position_ids is None:
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past).unsqueeze(0)
 
-        masks = build_attention_masks(self.config, inputs_embeds, attention_mask, cache, position_ids)
+        masks = build_attention_masks(self._mask_configs, inputs_embeds, attention_mask, cache, position_ids)
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
         hidden_states, all_hidden = inputs_embeds, [inputs_embeds] if output_hidden_states else None
         for layer in self.layers:
@@ -162,6 +203,14 @@ class PretrainModel(PretrainPreTrainedModel):
 
 class PretrainForCausalLM(PretrainPreTrainedModel, GenerationMixin):
     """Causal LM head on `PretrainModel`; `lm_head` is untied unless the config ties it."""
+
+    @property
+    def attention_plan(self) -> dict[str, Choice] | None:
+        """The kernel of each layer type in the last forward (or as set by `set_attention_plan`)."""
+        return self.model.attention_plan
+
+    def set_attention_plan(self, plan: dict[str, Choice]) -> None:
+        self.model.set_attention_plan(plan)
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 

@@ -5,6 +5,8 @@ the same command line a transformers user already writes. Differences:
 - `pretrain_extras` (default True): hf_pretrain's additions to the Trainer. Off, `PretrainTrainer`
   behaves exactly as `transformers.Trainer`.
 - `include_num_input_tokens_seen` defaults to `"non_padding"`: tokens seen count real tokens.
+- `attn_fallback` (`warn` | `error` | `ignore`): what the attention preflight does when a layer type
+  runs on a slower kernel than the hardware allows (see `hf_pretrain.preflight.attention`).
 - `use_cpu` defaults to `None` = auto: True when torch sees no accelerator, so a CPU-only machine
   trains on CPU (gloo for several processes) without a flag.
 """
@@ -33,12 +35,21 @@ class PretrainingArguments(TrainingArguments):
         default="non_padding",
         metadata={"help": "Count tokens seen: 'non_padding' (real tokens), 'all', or 'no'."},
     )
+    attn_fallback: str = field(
+        default="warn",
+        metadata={
+            "help": "When a layer type runs on a slower attention kernel than this hardware allows: 'warn' (print, log "
+            "and write preflight.json), 'error' (refuse to start), 'ignore'."
+        },
+    )
     use_cpu: bool | None = field(
         default=None,
         metadata={"help": "Train on CPU. Default: auto, True when no GPU/accelerator is visible."},
     )
 
     def __post_init__(self):
+        if self.attn_fallback not in ("warn", "error", "ignore"):
+            raise ValueError(f"attn_fallback={self.attn_fallback!r} is invalid; use 'warn', 'error' or 'ignore'.")
         if self.use_cpu is None:
             self.use_cpu = not accelerator_available()
         super().__post_init__()

@@ -9,7 +9,12 @@ With extras on (the default) it:
   and `tokens_per_second_per_rank`;
 - refuses to train as one process when the launcher started several (WORLD_SIZE > 1 but the
   Trainer sees world_size 1, e.g. a GPU launch config on a CPU-only machine): silent
-  single-process training wastes the other ranks.
+  single-process training wastes the other ranks;
+- runs the attention preflight at the start of `train()` for hf_pretrain models: it fixes the
+  kernel of each layer type for this device, dtype and collator (packed documents or not), writes
+  `preflight.json` to the output dir and applies `args.attn_fallback` (warn / error / ignore).
+  A fallback warning is repeated in the first logged metrics as `attention_fallback`, with
+  `attention_step_cost_vs_best` (estimated step time against the best kernels here).
 It is the one place where hf_pretrain attaches its callbacks, schedules and preflight checks.
 """
 
@@ -18,7 +23,11 @@ from __future__ import annotations
 import os
 import time
 
+import torch
 from transformers import Trainer
+
+from ..modeling.attention import Environment, plan_attention
+from ..preflight.attention import AttentionReport, attention_preflight, enforce_attention_policy
 
 
 class PretrainTrainer(Trainer):
@@ -26,10 +35,14 @@ class PretrainTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.extras = getattr(self.args, "pretrain_extras", True)
         self._last_log: tuple[float, int] | None = None
+        self.attention_report: AttentionReport | None = None
+        self._pending_preflight_logs: dict = {}
         if not self.extras:
             return
         if self.args.include_num_input_tokens_seen in ("no", False):
             self.args.include_num_input_tokens_seen = "non_padding"
+        if getattr(self.data_collator, "has_padding", True) is False:
+            self.args.include_num_input_tokens_seen = "all"  # nothing to subtract, and no pad id to look for
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         if launched != self.args.world_size:
             raise RuntimeError(
@@ -40,7 +53,39 @@ class PretrainTrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.extras and "loss" in logs:
             logs.update(self._throughput())
+            logs.update(self._pending_preflight_logs)
+            self._pending_preflight_logs = {}
         super().log(logs, start_time)
+
+    def run_attention_preflight(self) -> AttentionReport | None:
+        """Plan the attention kernels for this run, report them and apply `attn_fallback`."""
+        model = self.model
+        if not hasattr(model, "set_attention_plan"):
+            return None
+        dtype = torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else model.dtype
+        env = Environment.detect(self.args.device, dtype, training=True)
+        packed = bool(getattr(self.data_collator, "packed_documents", False))
+        seq_len = self._sequence_length()
+        report = attention_preflight(model.config, seq_len, env, packed)
+        model.set_attention_plan(plan_attention(model.config, env, packed))
+        policy = getattr(self.args, "attn_fallback", "warn")
+        main = self.is_world_process_zero()
+        enforce_attention_policy(
+            report, policy if main or policy == "error" else "ignore", self.args.output_dir if main else None
+        )
+        if report.warnings and policy == "warn":
+            self._pending_preflight_logs = {
+                "attention_fallback": " | ".join(report.warnings),
+                "attention_step_cost_vs_best": round(report.step_cost_vs_best, 3),
+            }
+        self.attention_report = report
+        return report
+
+    def _sequence_length(self) -> int:
+        try:
+            return len(self.train_dataset[0]["input_ids"])
+        except (TypeError, KeyError, IndexError):
+            return self.model.config.max_position_embeddings
 
     def _throughput(self) -> dict[str, float]:
         now, seen = time.perf_counter(), self.state.num_input_tokens_seen
@@ -52,6 +97,8 @@ class PretrainTrainer(Trainer):
         return {"tokens_per_second": rate, "tokens_per_second_per_rank": rate / self.args.world_size}
 
     def train(self, *args, **kwargs):
+        if self.extras:
+            self.run_attention_preflight()
         self._train_start, self._last_log = time.perf_counter(), None
         self._session_start_tokens = self.state.num_input_tokens_seen
         return super().train(*args, **kwargs)

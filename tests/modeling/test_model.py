@@ -11,7 +11,7 @@ BACKENDS = ["sdpa", "eager"]
 def build(seed=0, attn="sdpa", **overrides) -> PretrainForCausalLM:
     torch.manual_seed(seed)
     config = small_config(**overrides)
-    config._attn_implementation = attn
+    config.attention_backend = attn
     return PretrainForCausalLM(config).eval()
 
 
@@ -107,5 +107,7 @@ def test_loss_and_gradient_checkpointing_gradients_match():
 
 
 def test_unknown_attention_backend_is_a_clear_error():
+    with pytest.raises(ValueError, match="attention_backend='no_such_kernel' is invalid"):
+        small_config(attention_backend="no_such_kernel")
     with pytest.raises(ValueError, match="no_such_kernel"):
-        build(attn="no_such_kernel")
+        build(attn="no_such_kernel")(torch.randint(0, 128, (1, 8)))

@@ -1,0 +1,95 @@
+"""`hf-pretrain` command line: thin wrappers over library functions that the tests call directly.
+
+hf-pretrain doctor --config 0.9b --seq-len 2048 --dtype bf16 --packed
+hf-pretrain advise-restart --elapsed-hours 24 --remaining-hours 144 --speedup 0.2 --hours-since-checkpoint 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def load_config(config: str):
+    """A preset name, a directory saved by `save_pretrained`, or a config.json file."""
+    from . import PRESETS, PretrainConfig, get_preset
+
+    if config in PRESETS:
+        return get_preset(config)
+    path = Path(config)
+    if path.exists():
+        return PretrainConfig.from_pretrained(path.parent if path.is_file() else path)
+    raise ValueError(f"--config {config!r} is neither a preset ({sorted(PRESETS)}) nor an existing path.")
+
+
+def doctor(argv: list[str]) -> int:
+    from .modeling.attention import Environment
+    from .preflight.attention import attention_preflight
+
+    parser = argparse.ArgumentParser(
+        prog="hf-pretrain doctor", description="Attention preflight for a config on this machine."
+    )
+    parser.add_argument("--config", required=True, help="preset name, saved model directory or config.json")
+    parser.add_argument("--seq-len", type=int, default=None, help="context length (default: max_position_embeddings)")
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), default=None, help="compute dtype (default: bf16 on CUDA, else fp32)"
+    )
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--packed", action="store_true", help="batches hold several documents per row")
+    parser.add_argument("--inference", action="store_true", help="plan for inference instead of training")
+    parser.add_argument("--attention-backend", default=None, help="override the config's attention_backend")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+    if args.attention_backend:
+        config.attention_backend = args.attention_backend
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = DTYPES[args.dtype or ("bf16" if device == "cuda" else "fp32")]
+    env = Environment.detect(device, dtype, training=not args.inference)
+    report = attention_preflight(config, args.seq_len or config.max_position_embeddings, env, args.packed)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.table())
+    return 1 if report.warnings else 0
+
+
+def advise_restart_cli(argv: list[str]) -> int:
+    from .preflight.restart import advise_restart
+
+    parser = argparse.ArgumentParser(
+        prog="hf-pretrain advise-restart", description="Continue, restart or resume on a faster path?"
+    )
+    parser.add_argument("--elapsed-hours", type=float, required=True)
+    parser.add_argument("--remaining-hours", type=float, required=True)
+    parser.add_argument("--speedup", type=float, required=True, help="fraction of step time saved, e.g. 0.2")
+    parser.add_argument("--hours-since-checkpoint", type=float, default=None)
+    parser.add_argument("--overhead-hours", type=float, default=0.0, help="time to set up a restart")
+    args = parser.parse_args(argv)
+    advice = advise_restart(
+        args.elapsed_hours, args.remaining_hours, args.speedup, args.hours_since_checkpoint, args.overhead_hours
+    )
+    print(advice.table())
+    return 0
+
+
+COMMANDS = {"doctor": doctor, "advise-restart": advise_restart_cli}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(f"usage: hf-pretrain {{{','.join(COMMANDS)}}} [options]   (hf-pretrain COMMAND --help)")
+        return 2
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
