@@ -3,9 +3,9 @@
 Layer mode (default) times one attention call (kernel + its mask) on random q/k/v for a full
 causal layer and a window layer, per backend usable on this device, and prints tokens/s and the
 time ratio against the fastest backend of that layer kind. Model mode (`--model`) times whole
-training steps (forward + backward) of the gpt2-124m shape with windows SSSL/W: `auto` kernels
-(flex windows on a GPU without FA), SDPA with dense window masks, and full-causal SDPA, the GPU
-check of the attention issue.
+training steps (forward + backward) of the gpt2-124m shape with windows SSSL/W on flex (sparse
+windows), on SDPA with dense window masks, without windows on SDPA `is_causal`, and on `auto`
+(FA when installed): the GPU check of the attention issue.
 
     python benchmarks/attention.py                               # CPU: sdpa, eager at 1024 / window 256
     python benchmarks/attention.py --seq-len 2048 --window 512 --model --dtype bf16   # on a GPU
@@ -95,9 +95,10 @@ def layer_times(a, device: str, dtype: torch.dtype) -> None:
 
 def model_times(a, device: str, dtype: torch.dtype) -> None:
     variants = {
-        f"SSSL W={a.window}, auto kernels": dict(window_pattern="SSSL", attention_backend="auto"),
+        f"SSSL W={a.window}, flex (sparse windows)": dict(window_pattern="SSSL", attention_backend="flex_attention"),
         f"SSSL W={a.window}, SDPA dense masks": dict(window_pattern="SSSL", attention_backend="sdpa"),
         "L (no windows), SDPA is_causal": dict(window_pattern="L", attention_backend="sdpa"),
+        f"SSSL W={a.window}, auto kernels": dict(window_pattern="SSSL", attention_backend="auto"),
     }
     ids = torch.randint(0, 50304, (a.batch, a.seq_len), device=device)
     results = {}

@@ -14,6 +14,7 @@ and runs as two real CPU ranks (gloo) with `accelerate launch --multi_gpu --num_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -107,14 +108,17 @@ def parse_args(argv: list[str] | None = None):
     return parser.parse_args_into_dataclasses(args=argv)
 
 
-def resolve_dtype(model_args: ModelArguments, args: PretrainingArguments) -> str:
+def resolve_dtype(model_args: ModelArguments, args: PretrainingArguments) -> tuple[str, PretrainingArguments]:
+    """The compute dtype, and the arguments rebuilt for it (so accelerate's mixed precision follows)."""
     if model_args.dtype not in ("auto", "fp32", "bf16"):
         raise ValueError(f"--dtype={model_args.dtype!r} is invalid; use auto, fp32 or bf16.")
     dtype = model_args.dtype
     if dtype == "auto":
-        dtype = "bf16" if not args.use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
-    args.bf16 = dtype == "bf16"
-    return dtype
+        gpu_bf16 = not args.use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        dtype = "bf16" if args.bf16 or gpu_bf16 else "fp32"
+    if args.bf16 != (dtype == "bf16"):
+        args = dataclasses.replace(args, bf16=dtype == "bf16")  # re-runs __post_init__: sets mixed_precision
+    return dtype, args
 
 
 def unigram_entropy(blocks) -> float:
@@ -147,13 +151,15 @@ def prepare_data(data_args: DataArguments, args: PretrainingArguments, vocab_siz
             num_proc=data_args.num_proc,
         )
         train, train_stats = pack_dataset(splits["train"], **pack)
-        heldout, heldout_stats = pack_dataset(splits["heldout"], **pack) if len(splits["heldout"]) else (None, None)
+        heldout, heldout_stats = pack_heldout(splits["heldout"], pack)
     if args.process_index == 0:
         source = data_args.dataset_path or f"embedded corpus ({corpus['train'].parent})"
         print(f"[data] {source}: {train_stats.documents} train / {len(splits['heldout'])} held-out documents")
+        sample_split = "heldout" if len(splits["heldout"]) else "train"
+        sample = splits[sample_split][data_args.text_column][:200]
         print(
             f"[tokenizer] {'trained' if trained else 'loaded'} byte-level BPE, {len(tokenizer)} tokens; "
-            f"{bytes_per_token(tokenizer, splits['heldout'][data_args.text_column][:200]):.2f} bytes/token on held-out text"
+            f"{bytes_per_token(tokenizer, sample):.2f} bytes/token on {sample_split} text"
         )
         for name, stats in (("train", train_stats), ("held-out", heldout_stats)):
             if stats:
@@ -162,6 +168,15 @@ def prepare_data(data_args: DataArguments, args: PretrainingArguments, vocab_siz
                     f"({stats.dropped_tokens:,} tail tokens dropped){' [reused cache]' if stats.reused_cache else ''}"
                 )
     return tokenizer, train, heldout
+
+
+def pack_heldout(heldout, pack: dict):
+    """Packed held-out blocks, or (None, None) with a message when the split cannot fill one block."""
+    try:
+        return pack_dataset(heldout, **pack)
+    except ValueError as err:
+        print(f"[pack] held-out: evaluation skipped: {err}")
+        return None, None
 
 
 def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, seq_len: int) -> PretrainForCausalLM:
@@ -199,7 +214,7 @@ def sample(model, tokenizer, prompts=PROMPTS, max_new_tokens: int = 24) -> dict[
 
 def main(argv: list[str] | None = None) -> dict:
     model_args, data_args, args = parse_args(argv)
-    dtype = resolve_dtype(model_args, args)
+    dtype, args = resolve_dtype(model_args, args)
     preset_vocab = get_preset(model_args.preset).vocab_size
     tokenizer, train, heldout = prepare_data(data_args, args, preset_vocab)
     model = build_model(model_args, tokenizer, data_args.seq_len)

@@ -7,6 +7,7 @@ hf-pretrain advise-restart --elapsed-hours 24 --remaining-hours 144 --speedup 0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -44,14 +45,31 @@ def doctor(argv: list[str]) -> int:
     parser.add_argument("--packed", action="store_true", help="batches hold several documents per row")
     parser.add_argument("--inference", action="store_true", help="plan for inference instead of training")
     parser.add_argument("--attention-backend", default=None, help="override the config's attention_backend")
+    parser.add_argument(
+        "--capability",
+        default=None,
+        help="plan for a CUDA GPU of this compute capability (e.g. 9.0 for H100/H200), not this machine",
+    )
+    parser.add_argument(
+        "--assume-kernels",
+        default=None,
+        help="with --capability: kernel packages to assume installed, e.g. flash_attn,flash_attn_interface",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     config = load_config(args.config)
     if args.attention_backend:
         config.attention_backend = args.attention_backend
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = "cuda" if args.capability else args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[args.dtype or ("bf16" if device == "cuda" else "fp32")]
     env = Environment.detect(device, dtype, training=not args.inference)
+    if args.capability:
+        major, _, minor = args.capability.partition(".")
+        assumed = set(filter(None, (args.assume_kernels or "").split(",")))
+        kernels = {k: ("assumed" if k in assumed else v) for k, v in env.kernel_versions.items()}
+        env = dataclasses.replace(env, capability=(int(major), int(minor or 0)), kernel_versions=kernels)
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA GPU here; pass --capability X.Y to plan for a target GPU.")
     report = attention_preflight(config, args.seq_len or config.max_position_embeddings, env, args.packed)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.table())
     return 1 if report.warnings else 0
@@ -65,8 +83,8 @@ def advise_restart_cli(argv: list[str]) -> int:
     )
     parser.add_argument("--elapsed-hours", type=float, required=True)
     parser.add_argument("--remaining-hours", type=float, required=True)
-    parser.add_argument("--speedup", type=float, required=True, help="fraction of step time saved, e.g. 0.2")
-    parser.add_argument("--hours-since-checkpoint", type=float, default=None)
+    parser.add_argument("--speedup", required=True, help="of the faster path: 20%%, 0.2 (20%% faster), 1.2x or 2x")
+    parser.add_argument("--hours-since-checkpoint", type=float, default=0.0, help="work a resume repeats (default 0)")
     parser.add_argument("--overhead-hours", type=float, default=0.0, help="time to set up a restart")
     args = parser.parse_args(argv)
     advice = advise_restart(

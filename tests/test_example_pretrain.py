@@ -85,3 +85,37 @@ def test_two_cpu_ranks_with_multi_gpu_launch(tmp_path):
     assert summary["world_size"] == 2
     assert summary["tokens_seen"] == 6 * 2 * 8 * 128  # both ranks' tokens, gathered
     assert "2 process(es) on cpu" in proc.stdout
+
+
+def example_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pretrain_example", ROOT / "examples" / "pretrain.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dtype_flag_sets_mixed_precision(tmp_path):
+    example = example_module()
+    model_args, _, args = example.parse_args(["--output_dir", str(tmp_path), "--dtype", "bf16"])
+    dtype, args = example.resolve_dtype(model_args, args)
+    assert dtype == "bf16" and args.bf16 and args.mixed_precision == "bf16"
+    model_args, _, args = example.parse_args(["--output_dir", str(tmp_path), "--dtype", "fp32", "--bf16"])
+    dtype, args = example.resolve_dtype(model_args, args)
+    assert dtype == "fp32" and not args.bf16 and args.mixed_precision == "no"
+    model_args, _, args = example.parse_args(["--output_dir", str(tmp_path)])  # auto on this CPU
+    assert example.resolve_dtype(model_args, args)[0] == ("bf16" if torch.cuda.is_available() else "fp32")
+
+
+def test_a_heldout_split_too_small_for_one_block_skips_evaluation(tmp_path, capsys):
+    from datasets import Dataset
+
+    from hf_pretrain.data import train_bpe_tokenizer
+
+    example = example_module()
+    tokenizer = train_bpe_tokenizer(["some text to learn from " * 50], 300)
+    pack = dict(tokenizer=tokenizer, seq_len=256, cache_dir=tmp_path, text_column="text", num_proc=None)
+    assert example.pack_heldout(Dataset.from_dict({"text": ["short"]}), pack) == (None, None)
+    assert "evaluation skipped" in capsys.readouterr().out

@@ -2,7 +2,7 @@
 
 The embedded default needs no download: it is English prose that ships with every CPython, the
 reference topics of `pydoc_data` (the text behind `help("for")`) plus the docstrings of a fixed
-list of pure-Python standard-library modules, about 1 MB. Topics are cut at blank lines into
+list of pure-Python standard-library modules, about 0.7 MB. Topics are cut at blank lines into
 documents of at most `max_chars` characters so that a held-out split by document is meaningful;
 short paragraphs are merged into their neighbours, and the few remnants under 40 characters (bare
 headings) are left out.

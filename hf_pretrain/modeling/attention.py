@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import importlib.metadata
 import importlib.util
 from collections.abc import Callable
@@ -43,6 +44,10 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 BACKENDS = ("flash_attention_3", "flash_attention_2", "flex_attention", "sdpa", "eager")
 KERNEL_PACKAGES = {"flash_attention_3": "flash_attn_interface", "flash_attention_2": "flash_attn"}
 HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class BackendUnavailableError(ValueError):
+    """A requested attention kernel cannot run on this device, dtype or installation."""
 
 
 @dataclass(frozen=True)
@@ -76,16 +81,25 @@ class Environment:
 
 @functools.cache
 def installed_kernels() -> dict[str, str | None]:
+    """Version of each FlashAttention module that really imports here; None when missing or broken."""
     versions = {}
     for package in KERNEL_PACKAGES.values():
-        if importlib.util.find_spec(package) is None:
+        try:
+            module = importlib.import_module(package)
+        except Exception:  # missing, or a build that does not load (wrong CUDA / torch ABI)
             versions[package] = None
             continue
-        try:
-            versions[package] = importlib.metadata.version(package.replace("_interface", "").replace("_", "-"))
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = "unknown"
+        versions[package] = getattr(module, "__version__", None) or _distribution_version(package)
     return versions
+
+
+def _distribution_version(package: str) -> str:
+    for dist in (package, package.replace("_", "-"), "flash_attn_3", "flash-attn-3"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 def flex_available() -> bool:
@@ -133,7 +147,7 @@ def unavailable_reason(backend: str, need: LayerNeed, env: Environment, requeste
         if env.dtype not in HALF_DTYPES:
             return f"needs bf16/fp16 activations (dtype is {str(env.dtype).removeprefix('torch.')})"
         if env.kernel_versions.get(package) is None:
-            return f"package {package} is not installed"
+            return f"package {package} is not installed (or does not import)"
     if backend == "flex_attention":
         if not env.torch_has_flex:
             return "this torch has no torch.nn.attention.flex_attention"
@@ -182,7 +196,7 @@ def choose_backend(need: LayerNeed, env: Environment, requested: str = "auto") -
                 f" ({'dense mask' if backend == 'sdpa' else 'materialises all scores'}: computes masked-out scores)"
             )
         return Choice(backend, reason, efficient, True, passed_over)
-    raise ValueError(
+    raise BackendUnavailableError(
         f"attention_backend={requested!r} cannot run the {need.label} layers here: {passed_over[requested]}. "
         "Use attention_backend='auto' or install the kernel."
     )
@@ -201,12 +215,13 @@ def layer_needs(config, packed: bool) -> dict[str, LayerNeed]:
     }
 
 
-def plan_attention(config, env: Environment, packed: bool) -> dict[str, Choice]:
-    """The kernel of each layer type for `config.attention_backend` on `env`."""
-    return {t: choose_backend(need, env, config.attention_backend) for t, need in layer_needs(config, packed).items()}
+def plan_attention(config, env: Environment, packed: bool, requested: str | None = None) -> dict[str, Choice]:
+    """The kernel of each layer type for `requested` (default `config.attention_backend`) on `env`."""
+    requested = requested or config.attention_backend
+    return {t: choose_backend(need, env, requested) for t, need in layer_needs(config, packed).items()}
 
 
-def config_for_backend(config, backend: str):
+def config_for_backend(config, backend: str | None):
     """A shallow copy of `config` whose `_attn_implementation` names `backend` (what kernels and mask builders read)."""
     view = copy.copy(config)
     view._attn_implementation = backend

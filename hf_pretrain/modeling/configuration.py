@@ -24,10 +24,15 @@ from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
+from transformers.activations import ACT2FN
 
 from .attention import BACKENDS
 
 WINDOW_LETTERS = {"S": "sliding_attention", "L": "full_attention"}
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _reject(field: str, value: object, allowed: str) -> None:
@@ -59,10 +64,20 @@ class PretrainConfig(LlamaConfig):
         super().__post_init__(**kwargs)
 
     def _check_shapes(self) -> None:
-        for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value <= 0:
-                _reject(field, value, "it must be a positive integer")
+        positive = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        for field in (*positive, "max_position_embeddings"):
+            if not _positive_int(getattr(self, field)):
+                _reject(field, getattr(self, field), "it must be a positive integer")
+        if self.head_dim is not None and not _positive_int(self.head_dim):
+            _reject(
+                "head_dim", self.head_dim, "it must be a positive integer (or None: hidden_size // num_attention_heads)"
+            )
+        if self.hidden_act not in ACT2FN:
+            _reject("hidden_act", self.hidden_act, "use one of transformers' activations, e.g. 'silu' (SwiGLU), 'gelu'")
+        if not self.rms_norm_eps > 0:
+            _reject("rms_norm_eps", self.rms_norm_eps, "it must be > 0, e.g. 1e-6")
+        if not 0 <= self.attention_dropout < 1:
+            _reject("attention_dropout", self.attention_dropout, "it must be in [0, 1)")
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             divisors = [h for h in range(1, self.hidden_size + 1) if self.hidden_size % h == 0 and h <= 128]
             _reject(
@@ -83,11 +98,11 @@ class PretrainConfig(LlamaConfig):
                 pattern,
                 "use a non-empty string of 'S' (sliding window) and 'L' (full), e.g. 'SSSL' or 'L'",
             )
-        if "S" in pattern and (not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
+        if ("S" in pattern or self.sliding_window is not None) and not _positive_int(self.sliding_window):
             _reject(
                 "sliding_window",
                 self.sliding_window,
-                "with 'S' in window_pattern it must be a positive integer number of tokens",
+                "it must be a positive integer number of tokens (None is allowed only without 'S' in window_pattern)",
             )
         if self.attention_backend not in ("auto", *BACKENDS):
             _reject("attention_backend", self.attention_backend, f"use 'auto' or one of {list(BACKENDS)}")

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import (
@@ -28,10 +29,13 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
     apply_rotary_pos_emb,
 )
+from transformers.utils import logging
 
 from .attention import (
     BACKENDS,
+    KERNEL_PACKAGES,
     SLIDING,
+    BackendUnavailableError,
     Choice,
     Environment,
     attention_forward,
@@ -40,6 +44,8 @@ from .attention import (
     plan_attention,
 )
 from .configuration import PretrainConfig
+
+logger = logging.get_logger(__name__)
 
 
 class PretrainAttention(nn.Module):
@@ -106,13 +112,22 @@ class PretrainPreTrainedModel(PreTrainedModel):
 
     def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs):
         # transformers' `attn_implementation=` (from_pretrained, from_config, set_attn_implementation) asks for one
-        # kernel everywhere: record it as hf_pretrain's `attention_backend`. Only the outermost init sees the user's
-        # request; the nested PretrainModel init sees the default transformers filled in, which is not a request.
+        # kernel everywhere ("auto": hf_pretrain's per-layer-type choice): record it as `attention_backend`. Only the
+        # outermost init sees the user's request; a nested PretrainModel init sees the default transformers filled in.
         first = not getattr(self.config, "_attention_request_seen", False)
-        if attn_implementation in BACKENDS and (first or not is_init_check):
+        if first:
+            self._owns_attention_request = True
+        if attn_implementation in ("auto", *BACKENDS) and (first or not is_init_check):
             self.config.attention_backend = attn_implementation
         self.config._attention_request_seen = True
+        if attn_implementation == "auto":
+            attn_implementation = None  # transformers' own default for the fields it reads
         return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check=is_init_check, **kwargs)
+
+    def _end_of_init(self) -> None:
+        if getattr(self, "_owns_attention_request", False):  # the config may build another model later
+            self.config._attention_request_seen = False
+            self._owns_attention_request = False
 
 
 class PretrainModel(PretrainPreTrainedModel):
@@ -128,23 +143,50 @@ class PretrainModel(PretrainPreTrainedModel):
         self.attention_plan: dict[str, Choice] | None = None
         self._plan_key = None
         self.post_init()
+        self._end_of_init()
 
-    def set_attention_plan(self, plan: dict[str, Choice]) -> None:
-        """Run each layer type with the kernel `plan` names (see `attention.plan_attention`)."""
+    def set_attention_plan(self, plan: dict[str, Choice] | None, pin: bool = False) -> None:
+        """Run each layer type with the kernel `plan` names (see `attention.plan_attention`).
+
+        `pin=True` keeps this plan until the next call (PretrainTrainer pins the plan its preflight
+        reported, so the report is what runs); `plan=None` unpins and lets the next forward re-plan.
+        """
+        if plan is None:
+            self._plan_key = None
+            return
         views = {t: config_for_backend(self.config, choice.backend) for t, choice in plan.items()}
         for layer in self.layers:
             layer.self_attn.config = views[layer.layer_type]
         self.attention_plan, self._mask_configs = plan, views
+        self._plan_key = "pinned" if pin else None
 
     def _plan_for(self, inputs_embeds, packed: bool) -> None:
         """(Re)plan the kernels when what they depend on changed: device, dtype, mode, packing, request."""
+        if self._plan_key == "pinned":
+            return
         device = inputs_embeds.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else inputs_embeds.dtype
         training = self.training and torch.is_grad_enabled()
         key = (device, dtype, training, packed, self.config.attention_backend)
-        if key != self._plan_key:
-            self.set_attention_plan(plan_attention(self.config, Environment.detect(device, dtype, training), packed))
-            self._plan_key = key
+        if key == self._plan_key:
+            return
+        env = Environment.detect(device, dtype, training)
+        try:
+            plan = plan_attention(self.config, env, packed)
+        except (
+            BackendUnavailableError
+        ) as err:  # e.g. a checkpoint saved with attention_backend="flash_attention_2", on a CPU
+            logger.warning(f"{err} Falling back to attention_backend='auto' for this forward.")
+            plan = plan_attention(self.config, env, packed, requested="auto")
+        self.set_attention_plan(plan)
+        self._plan_key = key
+
+    def _flash_varlen_kwargs(self, position_ids: torch.Tensor, batch_size: int) -> dict:
+        """cu_seqlens for FlashAttention from restarting position ids, any batch size (one pass per forward)."""
+        if not any(c.backend in KERNEL_PACKAGES for c in self.attention_plan.values()):
+            return {}
+        (cu_q, cu_k), (max_q, max_k) = prepare_fa_kwargs_from_position_ids(position_ids.expand(batch_size, -1))
+        return dict(cu_seq_lens_q=cu_q, cu_seq_lens_k=cu_k, max_length_q=max_q, max_length_k=max_k)
 
     def forward(
         self,
@@ -178,15 +220,20 @@ class PretrainModel(PretrainPreTrainedModel):
             position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past).unsqueeze(0)
 
         masks = build_attention_masks(self._mask_configs, inputs_embeds, attention_mask, cache, position_ids)
+        # Packed rows on FlashAttention: transformers derives varlen from position ids only for batch size 1,
+        # so hf_pretrain passes cu_seqlens itself to the FA layers.
+        varlen = self._flash_varlen_kwargs(position_ids, inputs_embeds.shape[0]) if packed else {}
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
         hidden_states, all_hidden = inputs_embeds, [inputs_embeds] if output_hidden_states else None
         for layer in self.layers:
+            fa_layer = self.attention_plan[layer.layer_type].backend in KERNEL_PACKAGES
             hidden_states = layer(
                 hidden_states,
                 position_embeddings,
                 masks[layer.layer_type],
                 cache=cache,
                 position_ids=position_ids,
+                **(varlen if fa_layer else {}),
                 **kwargs,
             )
             if output_hidden_states:
@@ -209,8 +256,8 @@ class PretrainForCausalLM(PretrainPreTrainedModel, GenerationMixin):
         """The kernel of each layer type in the last forward (or as set by `set_attention_plan`)."""
         return self.model.attention_plan
 
-    def set_attention_plan(self, plan: dict[str, Choice]) -> None:
-        self.model.set_attention_plan(plan)
+    def set_attention_plan(self, plan: dict[str, Choice] | None, pin: bool = False) -> None:
+        self.model.set_attention_plan(plan, pin)
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
@@ -220,6 +267,7 @@ class PretrainForCausalLM(PretrainPreTrainedModel, GenerationMixin):
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+        self._end_of_init()
 
     def forward(
         self,

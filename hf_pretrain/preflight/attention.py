@@ -172,11 +172,7 @@ def _fallback_warning(need: LayerNeed, choice: Choice, ideal: Choice, work: floa
         if work > 1
         else "the same FLOPs on a slower kernel (measure with benchmarks/attention.py)"
     )
-    fixes = []
-    if missing and "not installed" in choice.passed_over[missing]:
-        fixes.append(INSTALL_HINTS.get(missing, f"install {missing}"))
-    if missing and "bf16/fp16" in choice.passed_over[missing]:
-        fixes.append("train in bf16 (--bf16)")
+    fixes = [INSTALL_HINTS[missing]] if missing in INSTALL_HINTS else []
     if config.attention_backend != "auto":
         fixes.append("set attention_backend='auto'")
     if need.window is not None and work > 1:

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 
 def matmul_parameters(config) -> int:
     """Weights that take part in a matmul for each token: attention and MLP projections, LM head."""
-    d, hd = config.hidden_size, config.head_dim
+    d = config.hidden_size
+    hd = getattr(config, "head_dim", None) or d // config.num_attention_heads
     q_out, kv_out = config.num_attention_heads * hd, config.num_key_value_heads * hd
     attention = d * q_out + 2 * d * kv_out + q_out * d
     mlp = 3 * d * config.intermediate_size
@@ -39,8 +40,10 @@ def mean_keys_per_query(seq_len: int, window: int | None = None) -> float:
 def attention_flops_per_token(config, seq_len: int, keys_per_layer: Sequence[float] | None = None) -> float:
     """Attention FLOPs per token (forward + backward) summed over layers; windows honoured per layer."""
     if keys_per_layer is None:
-        keys_per_layer = [mean_keys_per_query(seq_len, w) for w in config.window_sizes]
-    return 12 * config.num_attention_heads * config.head_dim * sum(keys_per_layer)
+        windows = getattr(config, "window_sizes", [None] * config.num_hidden_layers)  # plain Llama: all full
+        keys_per_layer = [mean_keys_per_query(seq_len, w) for w in windows]
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 12 * config.num_attention_heads * head_dim * sum(keys_per_layer)
 
 
 def flops_per_token(config, seq_len: int, keys_per_layer: Sequence[float] | None = None) -> float:

@@ -7,6 +7,7 @@ the same command line a transformers user already writes. Differences:
 - `include_num_input_tokens_seen` defaults to `"non_padding"`: tokens seen count real tokens.
 - `attn_fallback` (`warn` | `error` | `ignore`): what the attention preflight does when a layer type
   runs on a slower kernel than the hardware allows (see `hf_pretrain.preflight.attention`).
+- `peak_tflops` / `measure_peak_tflops`: the denominators of MFU (see `hf_pretrain.telemetry`).
 - `use_cpu` defaults to `None` = auto: True when torch sees no accelerator, so a CPU-only machine
   trains on CPU (gloo for several processes) without a flag.
 """
@@ -42,6 +43,13 @@ class PretrainingArguments(TrainingArguments):
             "and write preflight.json), 'error' (refuse to start), 'ignore'."
         },
     )
+    peak_tflops: float | None = field(
+        default=None,
+        metadata={"help": "Dense peak TFLOP/s of one device for MFU, when the spec table does not know this chip."},
+    )
+    measure_peak_tflops: bool = field(
+        default=True, metadata={"help": "Measure a matmul ceiling at start-up for MFU against the reachable peak."}
+    )
     use_cpu: bool | None = field(
         default=None,
         metadata={"help": "Train on CPU. Default: auto, True when no GPU/accelerator is visible."},
@@ -50,6 +58,6 @@ class PretrainingArguments(TrainingArguments):
     def __post_init__(self):
         if self.attn_fallback not in ("warn", "error", "ignore"):
             raise ValueError(f"attn_fallback={self.attn_fallback!r} is invalid; use 'warn', 'error' or 'ignore'.")
-        if self.use_cpu is None:
-            self.use_cpu = not accelerator_available()
+        if self.use_cpu is None:  # extras off: transformers' default
+            self.use_cpu = not accelerator_available() if self.pretrain_extras else False
         super().__post_init__()

@@ -111,3 +111,21 @@ def test_unknown_attention_backend_is_a_clear_error():
         small_config(attention_backend="no_such_kernel")
     with pytest.raises(ValueError, match="no_such_kernel"):
         build(attn="no_such_kernel")(torch.randint(0, 128, (1, 8)))
+
+
+def test_transformers_attn_implementation_sets_the_backend_also_when_a_config_is_reused(tmp_path):
+    config = small_config()
+    PretrainForCausalLM(config)  # a first model built from the config
+    assert PretrainForCausalLM._from_config(config, attn_implementation="eager").config.attention_backend == "eager"
+    model = build()
+    model.save_pretrained(tmp_path)
+    assert PretrainForCausalLM.from_pretrained(tmp_path).config.attention_backend == "sdpa"  # saved by build()
+    auto = PretrainForCausalLM.from_pretrained(tmp_path, attn_implementation="auto")
+    assert auto.config.attention_backend == "auto"
+
+
+def test_a_saved_backend_that_cannot_run_here_falls_back_to_auto(tmp_path):
+    model = build(attn="flash_attention_2")
+    with torch.no_grad():
+        model(torch.randint(0, 128, (1, 8)))  # no GPU here: warned, then auto
+    assert {c.backend for c in model.attention_plan.values()} == {"sdpa"}

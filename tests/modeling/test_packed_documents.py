@@ -8,7 +8,7 @@ from hf_pretrain.data.collator import PackedDocumentCollator, document_position_
 from tests.conftest import small_config
 
 EOS = 1
-CPU_BACKENDS = ["sdpa", "eager"]
+CPU_BACKENDS = ["sdpa", "eager", "flex_attention"]  # flex runs on CPU for inference (no backward there)
 GPU_BACKENDS = ["flash_attention_3", "flash_attention_2", "flex_attention"]
 
 
@@ -33,28 +33,38 @@ def test_collator_masks_only_cross_document_predictions():
         PackedDocumentCollator(None)
 
 
-def check_packed_equals_alone(backend, device, dtype, tol, window_pattern, lengths=(9, 17, 4, 30)):
+ROWS = ((9, 17, 4, 30), (25, 3, 32), (60,))  # different boundaries in each row of one batch
+
+
+def reference_model(window_pattern, backend="eager", device="cpu", dtype=torch.float32):
     torch.manual_seed(0)
     config = small_config(window_pattern=window_pattern, sliding_window=5, attention_backend=backend)
-    model = PretrainForCausalLM(config).to(device=device, dtype=dtype).eval()
-    docs, row = documents(lengths)
-    batch = PackedDocumentCollator(EOS)([{"input_ids": row}])
+    return PretrainForCausalLM(config).to(device=device, dtype=dtype).eval()
+
+
+def check_packed_equals_alone(backend, device, dtype, tol, window_pattern):
+    """Packed rows on `backend` against each document alone on the fp32 eager reference (same weights)."""
+    model = reference_model(window_pattern, backend, device, dtype)
+    reference = reference_model(window_pattern)
+    rows = [documents(lengths, seed=i) for i, lengths in enumerate(ROWS)]
+    batch = PackedDocumentCollator(EOS)([{"input_ids": row} for _, row in rows])
     with torch.no_grad():
-        packed = model(input_ids=batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device)).logits[0]
-        start = 0
-        for doc in docs:
-            alone = model(input_ids=torch.tensor([doc], device=device)).logits[0]
-            diff = (packed[start : start + len(doc)] - alone).abs().max().item()
-            assert diff <= tol, (backend, window_pattern, len(doc), diff)
-            start += len(doc)
-        # And the boundary matters: without position restarts the later documents would see the earlier ones.
-        crossing = model(input_ids=batch["input_ids"].to(device)).logits[0]
-        assert (crossing[len(docs[0]) :] - packed[len(docs[0]) :]).abs().max().item() > 1e-3
+        packed = model(input_ids=batch["input_ids"].to(device), position_ids=batch["position_ids"].to(device)).logits
+        for r, (docs, _) in enumerate(rows):
+            start = 0
+            for doc in docs:
+                alone = reference(input_ids=torch.tensor([doc])).logits[0]
+                diff = (packed[r, start : start + len(doc)].float().cpu() - alone).abs().max().item()
+                assert diff <= tol, (backend, window_pattern, r, len(doc), diff)
+                start += len(doc)
+        # The boundaries matter: without restarting positions the later documents see the earlier ones.
+        crossing = model(input_ids=batch["input_ids"].to(device)).logits
+        assert (crossing[0, len(rows[0][0][0]) :] - packed[0, len(rows[0][0][0]) :]).abs().max().item() > 1e-3
 
 
 @pytest.mark.parametrize("window_pattern", ["L", "SSSL"])
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_packed_row_matches_documents_alone_on_cpu(backend, window_pattern):
+def test_packed_rows_match_documents_alone_on_cpu(backend, window_pattern):
     check_packed_equals_alone(backend, "cpu", torch.float32, 1e-5, window_pattern)
 
 
@@ -64,11 +74,11 @@ def test_packed_row_matches_documents_alone_on_cpu(backend, window_pattern):
 )
 @pytest.mark.parametrize("window_pattern", ["L", "SSSL"])
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
-def test_packed_row_matches_documents_alone_on_gpu(backend, window_pattern):
+def test_packed_rows_match_documents_alone_on_gpu(backend, window_pattern):
     from hf_pretrain.modeling.attention import Environment, LayerNeed, unavailable_reason
 
     env = Environment.detect("cuda", torch.bfloat16, training=False)
     why_not = unavailable_reason(backend, LayerNeed("full_attention", None, True), env, requested=True)
     if why_not:
         pytest.skip(f"{backend}: {why_not}")
-    check_packed_equals_alone(backend, "cuda", torch.bfloat16, 2e-2, window_pattern)
+    check_packed_equals_alone(backend, "cuda", torch.bfloat16, 5e-2, window_pattern)

@@ -4,54 +4,27 @@ import torch
 from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
 from hf_pretrain.cli import main as cli
 from hf_pretrain.data import PackedDocumentCollator
-from hf_pretrain.preflight.restart import advise_restart
 from tests.conftest import small_config
 from tests.training.test_trainer import dataset
 
 
-def hours(advice):
-    return {o.name: o.finishes_in_hours for o in advice.options}
-
-
-def test_restart_pays_only_early_in_the_run():
-    week = 7 * 24
-    early = advise_restart(elapsed_hours=12, remaining_hours=week - 12, speedup=0.2)
-    assert early.recommendation == "restart from scratch"
-    assert hours(early) == pytest.approx({"continue": 156, "restart from scratch": 134.4})
-    assert early.restart_pays_until_elapsed_hours == pytest.approx(0.2 * week)  # ~1.4 days of a 7-day run
-    late = advise_restart(elapsed_hours=48, remaining_hours=week - 48, speedup=0.2)
-    assert late.recommendation == "continue"
-    with_overhead = advise_restart(elapsed_hours=30, remaining_hours=week - 30, speedup=0.2, overhead_hours=6)
-    assert (
-        with_overhead.recommendation == "continue"
-        and with_overhead.restart_pays_until_elapsed_hours == pytest.approx(27.6)
-    )
-
-
-def test_resuming_on_the_faster_path_beats_both():
-    advice = advise_restart(elapsed_hours=100, remaining_hours=68, speedup=0.2, hours_since_checkpoint=0.5)
-    assert advice.recommendation == "resume from last checkpoint"
-    assert hours(advice)["resume from last checkpoint"] == pytest.approx(68.5 * 0.8)
-    assert "recommendation: resume from last checkpoint" in advice.table()
-
-
-@pytest.mark.parametrize(
-    "kwargs, field",
-    [(dict(speedup=1.0), "speedup"), (dict(speedup=-0.1), "speedup"), (dict(elapsed_hours=-1), "elapsed_hours")],
-)
-def test_bad_inputs_name_the_field(kwargs, field):
-    args = dict(elapsed_hours=1, remaining_hours=1, speedup=0.1) | kwargs
-    with pytest.raises(ValueError, match=f"{field}="):
-        advise_restart(**args)
-
-
 def test_cli(capsys):
-    assert cli(["advise-restart", "--elapsed-hours", "24", "--remaining-hours", "144", "--speedup", "0.2"]) == 0
+    args = ["advise-restart", "--elapsed-hours", "20", "--remaining-hours", "148", "--speedup", "20%"]
+    assert cli(args + ["--hours-since-checkpoint", "20"]) == 0
     assert "recommendation: restart from scratch" in capsys.readouterr().out
-    assert cli(["advise-restart", "--elapsed-hours", "1", "--remaining-hours", "1", "--speedup", "2"]) == 2
-    assert "speedup=2.0 is invalid" in capsys.readouterr().err
+    assert cli(args) == 0  # a checkpoint right now: resuming wins
+    assert "recommendation: resume from last checkpoint" in capsys.readouterr().out
+    assert cli(["advise-restart", "--elapsed-hours", "1", "--remaining-hours", "1", "--speedup", "fast"]) == 2
+    assert "speedup='fast' is invalid" in capsys.readouterr().err
     assert cli(["doctor", "--config", "tiny", "--seq-len", "128"]) == 0
     assert "attention preflight: cpu" in capsys.readouterr().out
+    # Planning for an H100 without FlashAttention: windows fall back, exit code 1 and a warning.
+    assert cli(["doctor", "--config", "0.9b", "--seq-len", "2048", "--capability", "9.0"]) == 1
+    out = capsys.readouterr().out
+    assert "cuda, capability 9.0, bfloat16" in out and "WARNING:" in out
+    assert cli(["doctor", "--config", "0.9b", "--capability", "9.0", "--assume-kernels", "flash_attn_interface"]) == 0
+    assert "flash_attention_3" in capsys.readouterr().out
+    assert cli(["doctor", "--config", "nope"]) == 2
 
 
 def run(tmp_path, backend, steps, resume=None):

@@ -77,3 +77,59 @@ def test_refuses_silent_single_process_training(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # ...while the launcher says two
     with pytest.raises(RuntimeError, match="started 2 processes but the Trainer runs with world_size=1"):
         PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args, train_dataset=dataset())
+
+
+def test_throughput_after_resume_counts_only_this_session(tmp_path):
+    def train(steps, resume=None):
+        torch.manual_seed(0)
+        args = PretrainingArguments(
+            output_dir=str(tmp_path),
+            max_steps=steps,
+            per_device_train_batch_size=8,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="steps",
+            save_steps=4,
+            disable_tqdm=True,
+            measure_peak_tflops=False,
+        )
+        trainer = PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args, train_dataset=dataset())
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    straight = train(8)
+    resumed = train(8, resume=str(tmp_path / "checkpoint-4"))
+    first_after_resume = next(h for h in resumed.state.log_history if h.get("step") == 5 and "loss" in h)
+    typical = [h["tokens_per_second"] for h in straight.state.log_history if "tokens_per_second" in h][1:]
+    # One step's tokens over one step's time, not the 4 restored steps' tokens as well.
+    assert first_after_resume["tokens_per_second"] < 3 * max(typical)
+    assert first_after_resume["step_time_s"] > 0 and first_after_resume["eta_seconds"] >= 0
+
+
+def test_mfu_is_logged_against_the_measured_ceiling_and_left_out_without_a_spec(tmp_path):
+    trainer, _ = run(PretrainTrainer, PretrainingArguments, tmp_path)
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert 0 < logs[0]["mfu_measured"] < 1.5 and logs[0]["peak_tflops_measured"] > 0
+    assert "peak_tflops_measured" not in logs[1]  # once
+    assert all("mfu_spec" not in h for h in logs)  # no spec for a CPU: unavailable, never 0.00
+    with_peak, _ = run(PretrainTrainer, PretrainingArguments, tmp_path / "peak", peak_tflops=0.05)
+    log = next(h for h in with_peak.state.log_history if "loss" in h)
+    assert log["mfu_spec"] == pytest.approx(log["model_tflops_per_second_per_rank"] / 0.05)
+
+
+def test_iterable_dataset_runs_as_with_trainer(tmp_path):
+    data = dataset().to_iterable_dataset()
+    torch.manual_seed(0)
+    args = PretrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        measure_peak_tflops=False,
+    )
+    trainer = PretrainTrainer(
+        model=PretrainForCausalLM(small_config()), args=args, train_dataset=data, data_collator=default_data_collator
+    )
+    assert trainer.train().global_step == 2

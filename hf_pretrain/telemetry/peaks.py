@@ -1,0 +1,89 @@
+"""Peak FLOPs of a chip: the vendor's spec sheet, and a ceiling measured on the chip itself.
+
+MFU needs a denominator. The spec table below holds dense (not 2:4-sparse) tensor-core peaks in
+TFLOP/s per GPU, keyed by a substring of `torch.cuda.get_device_name()` and by precision
+(`bf16`, `fp8`, `fp4`); where a sheet only quotes sparse figures they are halved. A chip missing
+from the table gets no spec MFU at all (reported as unavailable, with one message asking for
+`peak_tflops`), never a made-up 0.00. The measured ceiling is what a large matmul in the run's
+dtype reaches on this very device at start-up: a spec can be unreachable (power-capped boxes,
+consumer cards), and MFU against the measured ceiling says how much of the *reachable* speed the
+run uses. Both are logged.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+# name substring (lower case, most specific first) -> {precision: dense TFLOP/s}
+SPEC_TFLOPS: dict[str, dict[str, float]] = {
+    "gb200": {"bf16": 2500.0, "fp8": 5000.0, "fp4": 10000.0},
+    "b200": {"bf16": 2250.0, "fp8": 4500.0, "fp4": 9000.0},
+    "gb10": {"bf16": 125.0, "fp8": 250.0, "fp4": 500.0},  # DGX Spark; ~125 dense bf16 (field notes)
+    "dgx spark": {"bf16": 125.0, "fp8": 250.0, "fp4": 500.0},
+    "h200 nvl": {"bf16": 835.5, "fp8": 1671.0},
+    "h200": {"bf16": 989.4, "fp8": 1978.9},
+    "h100 nvl": {"bf16": 835.5, "fp8": 1671.0},
+    "h100 pcie": {"bf16": 756.5, "fp8": 1513.0},
+    "h100": {"bf16": 989.4, "fp8": 1978.9},  # SXM
+    "h800 pcie": {"bf16": 756.5, "fp8": 1513.0},
+    "h800": {"bf16": 989.4, "fp8": 1978.9},
+    "a100": {"bf16": 312.0},
+    "a800": {"bf16": 312.0},
+    "l40s": {"bf16": 362.1, "fp8": 733.0},
+    "l4": {"bf16": 121.0, "fp8": 242.5},
+    "rtx 5090": {"bf16": 209.5, "fp8": 419.0, "fp4": 838.0},
+    "rtx 4090": {"bf16": 165.2, "fp8": 330.3},
+    "mi300x": {"bf16": 1307.4, "fp8": 2614.9},
+}
+
+
+def spec_tflops(device_name: str, precision: str) -> float | None:
+    """Dense spec peak for a device name and precision, or None when the chip or precision is unknown."""
+    name = device_name.lower()
+    for key, peaks in SPEC_TFLOPS.items():
+        if key in name:
+            return peaks.get(precision)
+    return None
+
+
+def device_name(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return platform.processor() or platform.machine() or device.type
+
+
+@dataclass
+class MeasuredCeiling:
+    tflops: float
+    size: int
+    dtype: str
+    seconds: float
+
+
+def measure_matmul_tflops(
+    device: torch.device | str, dtype: torch.dtype, size: int | None = None, seconds: float = 0.5
+) -> MeasuredCeiling:
+    """TFLOP/s of repeated square matmuls in `dtype` on `device` for about `seconds` (after one warm-up)."""
+    device = torch.device(device)
+    size = size or (8192 if device.type == "cuda" else 1024)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    a @ b
+    sync()
+    runs, start = 0, time.perf_counter()
+    while True:
+        a @ b
+        runs += 1
+        if runs % 4 == 0:
+            sync()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+    return MeasuredCeiling(2 * size**3 * runs / elapsed / 1e12, size, str(dtype).removeprefix("torch."), elapsed)

@@ -1,0 +1,97 @@
+"""`ThroughputCallback`: step time, tokens/s, model TFLOP/s and MFU against two peaks, and ETA.
+
+Logged at every logging step (merged into the Trainer's logs by `PretrainTrainer`, so they reach
+the console, `report_to` and the JSONL stream alike):
+
+- `step_time_s`: mean wall time of the optimizer steps since the previous log
+- `tokens_per_second`: real tokens of all ranks per second over that interval
+- `tokens_per_second_per_rank`: the same divided by the world size
+- `model_tflops_per_second_per_rank`: `flops_per_token` x tokens/s per rank
+- `mfu_spec`: against the chip's spec peak for the run's precision (`telemetry/peaks.py`);
+  left out, with one message asking for `peak_tflops`, when the chip or precision is unknown
+- `mfu_measured`: against a large-matmul ceiling measured on this device at start-up
+- `eta_seconds`: remaining optimizer steps x the mean step time of the interval
+
+and once, at the first log: `peak_tflops_spec` (when known) and `peak_tflops_measured`.
+
+FLOPs per token come from `telemetry/flops.py` (windows honoured per layer; causal context). With
+packed documents the real context is shorter than the block, so MFU is a slight overestimate there.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import TrainerCallback
+from transformers.utils import logging
+
+from .flops import flops_per_token
+from .peaks import device_name, measure_matmul_tflops, spec_tflops
+
+logger = logging.get_logger(__name__)
+
+
+def precision_of(args) -> str:
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
+class ThroughputCallback(TrainerCallback):
+    def __init__(self, seq_len: int, peak_tflops: float | None = None, measure_ceiling: bool = True):
+        self.seq_len = seq_len
+        self.peak_tflops = peak_tflops
+        self.measure_ceiling = measure_ceiling
+        self.flops_per_token: float | None = None
+        self.spec: float | None = None
+        self.measured: float | None = None
+        self._once: dict[str, float] = {}
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.world_size = args.world_size
+        config = getattr(model, "config", None)
+        self.flops_per_token = flops_per_token(config, self.seq_len) if hasattr(config, "num_hidden_layers") else None
+        precision = precision_of(args)
+        name = device_name(args.device)
+        self.spec = self.peak_tflops or spec_tflops(name, precision)
+        if self.spec is None:
+            logger.warning(
+                f"MFU against spec is unavailable: no {precision} peak known for {name!r}. "
+                "Pass peak_tflops=<dense TFLOP/s of one device> (PretrainingArguments.peak_tflops)."
+            )
+        if self.measure_ceiling:
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+            self.measured = measure_matmul_tflops(args.device, dtype).tflops
+        self._once = {
+            k: round(v, 2) for k, v in (("peak_tflops_spec", self.spec), ("peak_tflops_measured", self.measured)) if v
+        }
+        self._interval = (time.perf_counter(), state.num_input_tokens_seen, state.global_step)
+        self._step_times: list[float] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._step_start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._step_times.append(time.perf_counter() - self._step_start)
+
+    def metrics_for_log(self, state) -> dict[str, float]:
+        """Metrics over the interval since the previous call (PretrainTrainer merges them into each training log)."""
+        now = time.perf_counter()
+        start, tokens0, _ = self._interval
+        self._interval = (now, state.num_input_tokens_seen, state.global_step)
+        rate = (state.num_input_tokens_seen - tokens0) / max(now - start, 1e-9)
+        per_rank = rate / self.world_size
+        metrics = {"tokens_per_second": rate, "tokens_per_second_per_rank": per_rank}
+        if self._step_times:
+            step = sum(self._step_times) / len(self._step_times)
+            metrics["step_time_s"] = step
+            metrics["eta_seconds"] = max(state.max_steps - state.global_step, 0) * step
+            self._step_times = []
+        if self.flops_per_token:
+            achieved = self.flops_per_token * per_rank / 1e12
+            metrics["model_tflops_per_second_per_rank"] = achieved
+            metrics.update(
+                {k: achieved / peak for k, peak in (("mfu_spec", self.spec), ("mfu_measured", self.measured)) if peak}
+            )
+        metrics.update(self._once)
+        self._once = {}
+        return metrics

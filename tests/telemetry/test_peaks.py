@@ -1,0 +1,49 @@
+import pytest
+import torch
+
+from hf_pretrain.telemetry.peaks import SPEC_TFLOPS, measure_matmul_tflops, spec_tflops
+
+
+@pytest.mark.parametrize(
+    "name, precision, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+        ("NVIDIA H100 PCIe", "bf16", 756.5),
+        ("NVIDIA H100 NVL", "fp8", 1671.0),
+        ("NVIDIA H200", "bf16", 989.4),
+        ("NVIDIA H800", "bf16", 989.4),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+        ("NVIDIA A800 80GB PCIe", "bf16", 312.0),
+        ("NVIDIA L40S", "fp8", 733.0),
+        ("NVIDIA L4", "bf16", 121.0),
+        ("NVIDIA B200", "fp4", 9000.0),
+        ("NVIDIA GB200", "bf16", 2500.0),
+        ("NVIDIA GB10", "bf16", 125.0),
+        ("NVIDIA GeForce RTX 4090", "bf16", 165.2),
+        ("NVIDIA GeForce RTX 5090", "bf16", 209.5),
+        ("AMD Instinct MI300X", "bf16", 1307.4),
+    ],
+)
+def test_spec_table_matches_device_names(name, precision, peak):
+    assert spec_tflops(name, precision) == peak
+
+
+def test_unknown_chip_or_precision_is_unavailable_not_zero():
+    assert spec_tflops("Some Future Accelerator", "bf16") is None
+    assert spec_tflops("NVIDIA A100-SXM4-80GB", "fp8") is None  # A100 has no FP8 tensor cores
+    assert spec_tflops("x86_64", "fp32") is None
+    assert all(v > 0 for peaks in SPEC_TFLOPS.values() for v in peaks.values())
+
+
+def test_field_notes_run_mfu_arithmetic():
+    # ~15e18 FLOPs in 6 days 21 hours on one GB10: ~25 TFLOP/s sustained,
+    # ~20 % of the 125 TFLOP/s spec and ~25 % of the 98.6 TFLOP/s measured ceiling.
+    sustained = 15e18 / ((6 * 24 + 21) * 3600) / 1e12
+    assert sustained == pytest.approx(25.25, abs=0.05)
+    assert sustained / spec_tflops("NVIDIA GB10", "bf16") == pytest.approx(0.20, abs=0.005)
+    assert sustained / 98.6 == pytest.approx(0.256, abs=0.005)
+
+
+def test_measured_ceiling_is_positive_and_sized():
+    ceiling = measure_matmul_tflops("cpu", torch.float32, size=256, seconds=0.05)
+    assert ceiling.tflops > 0 and ceiling.size == 256 and ceiling.dtype == "float32"
