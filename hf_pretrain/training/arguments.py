@@ -8,6 +8,8 @@ the same command line a transformers user already writes. Differences:
 - `attn_fallback` (`warn` | `error` | `ignore`): what the attention preflight does when a layer type
   runs on a slower kernel than the hardware allows (see `hf_pretrain.preflight.attention`).
 - `peak_tflops` / `measure_peak_tflops`: the denominators of MFU (see `hf_pretrain.telemetry`).
+- `ddp_find_unused_parameters` and `ddp_broadcast_buffers` default to False: every parameter is
+  used and the only buffers (RoPE frequencies) are constant, so both would cost a step-time sync.
 - `use_cpu` defaults to `None` = auto: True when torch sees no accelerator, so a CPU-only machine
   trains on CPU (gloo for several processes) without a flag.
 """
@@ -49,6 +51,28 @@ class PretrainingArguments(TrainingArguments):
     )
     measure_peak_tflops: bool = field(
         default=True, metadata={"help": "Measure a matmul ceiling at start-up for MFU against the reachable peak."}
+    )
+    telemetry: bool = field(
+        default=True,
+        metadata={"help": "Hardware sensors, under-clock and straggler detection, and OUTPUT_DIR/telemetry.jsonl."},
+    )
+    underclock_threshold: float = field(
+        default=0.6, metadata={"help": "Warn when the SM clock under load is below this fraction of its maximum."}
+    )
+    straggler_every: int = field(default=20, metadata={"help": "Optimizer steps between straggler exchanges."})
+    straggler_threshold: float = field(
+        default=0.75, metadata={"help": "Flag a rank whose speed score (best compute / its compute) is below this."}
+    )
+    ddp_find_unused_parameters: bool | None = field(
+        default=False,
+        metadata={"help": "DDP: search for unused parameters every step (needed only when some go unused)."},
+    )
+    ddp_broadcast_buffers: bool | None = field(
+        default=False,
+        metadata={
+            "help": "DDP: broadcast buffers at every forward. The model's buffers (RoPE) are constant; the "
+            "broadcast would also hide a straggler's delay inside the other ranks' forward."
+        },
     )
     use_cpu: bool | None = field(
         default=None,

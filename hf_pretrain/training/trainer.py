@@ -8,7 +8,10 @@ With extras on (the default) it:
   collator that never pads, such as `PackedDocumentCollator`);
 - adds the telemetry callbacks (`hf_pretrain.telemetry`) and merges what they measured into every
   training log: tokens/s global and per rank, step time, model TFLOP/s, MFU against the spec
-  peak and a measured ceiling, ETA (see `ThroughputCallback` for the keys);
+  peak and a measured ceiling, ETA (`ThroughputCallback`); with `args.telemetry` also clocks,
+  power, memory (`HardwareSensorsCallback`), under-clock warnings (`UnderclockCallback`),
+  per-rank compute / wait and the slow rank (`StragglerCallback`), all of it written to
+  `telemetry.jsonl` (`JsonlCallback`) as well as to `report_to`;
 - refuses to train as one process when the launcher started several (WORLD_SIZE > 1 but the
   Trainer sees world_size 1, e.g. a GPU launch config on a CPU-only machine): silent
   single-process training wastes the other ranks;
@@ -29,7 +32,11 @@ from transformers import DataCollatorWithFlattening, Trainer
 
 from ..modeling.attention import Environment, plan_attention
 from ..preflight.attention import AttentionReport, attention_preflight, enforce_attention_policy
+from ..telemetry.hardware import HardwareSensorsCallback
+from ..telemetry.jsonl import JsonlCallback
+from ..telemetry.straggler import StragglerCallback
 from ..telemetry.throughput import ThroughputCallback
+from ..telemetry.underclock import UnderclockCallback
 from .arguments import PretrainingArguments
 
 
@@ -71,15 +78,27 @@ class PretrainTrainer(Trainer):
         return super().train(*args, **kwargs)
 
     def _attach_telemetry(self) -> None:
-        for callback in [c for c in self.callback_handler.callbacks if isinstance(c, ThroughputCallback)]:
+        """(Re)attach hf_pretrain's callbacks for this `train()` call."""
+        ours = (ThroughputCallback, HardwareSensorsCallback, UnderclockCallback, StragglerCallback, JsonlCallback)
+        for callback in [c for c in self.callback_handler.callbacks if isinstance(c, ours)]:
             self.remove_callback(callback)
-        self.add_callback(
-            ThroughputCallback(
-                self._sequence_length(),
-                peak_tflops=getattr(self.args, "peak_tflops", None),
-                measure_ceiling=getattr(self.args, "measure_peak_tflops", True),
-            )
-        )
+        args = self.args
+        get = lambda name, default: getattr(args, name, default)  # noqa: E731  (plain TrainingArguments lack them)
+        callbacks = [
+            ThroughputCallback(self._sequence_length(), get("peak_tflops", None), get("measure_peak_tflops", True))
+        ]
+        if get("telemetry", True):
+            sensors = HardwareSensorsCallback(every=args.logging_steps if args.logging_strategy == "steps" else 10)
+            straggler = StragglerCallback(get("straggler_every", 20), get("straggler_threshold", 0.75), sensors)
+            straggler.trainer = self
+            callbacks += [
+                sensors,
+                UnderclockCallback(sensors, get("underclock_threshold", 0.6)),
+                straggler,
+                JsonlCallback(args.output_dir),
+            ]
+        for callback in callbacks:
+            self.add_callback(callback)
 
     def packed_documents(self) -> bool:
         """Whether training batches hold several documents per row (position ids restarting)."""

@@ -1,0 +1,46 @@
+"""`JsonlCallback`: every log of the run, one JSON object per line, in `OUTPUT_DIR/telemetry.jsonl`.
+
+The one run-event stream of hf_pretrain: the Trainer's logs with everything the telemetry
+callbacks merged into them (throughput, MFU, sensors, straggler per-rank figures, warnings), each
+with `step` and wall-clock `time`. Written by the main process only and flushed per line, so a run
+that dies keeps what it logged. `hf-pretrain report` reads it. It writes what it is given and logs
+no keys of its own besides `step` and `time`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+FILENAME = "telemetry.jsonl"
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # NaN/inf as text: JSON has no such numbers
+    return value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
+
+
+class JsonlCallback(TrainerCallback):
+    def __init__(self, output_dir: str | Path):
+        self.path = Path(output_dir) / FILENAME
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"step": state.global_step, "time": time.time(), **{k: _jsonable(v) for k, v in logs.items()}}
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def read_jsonl(run_dir: str | Path) -> list[dict]:
+    """The records of a run directory's telemetry stream (an empty list when there is none)."""
+    path = Path(run_dir) / FILENAME
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -1,0 +1,66 @@
+"""`UnderclockCallback`: an SM clock far below its maximum, under load, with no reason given.
+
+The failure it catches: one of two machines sat at ~600 MHz (its twin at ~2190 MHz) for days, no
+throttle flag set, because the USB-C power-delivery controller of its adapter was stuck; a plain
+reboot did not clear it, unplugging from the wall did. The rule (`underclock_warning`): under load
+(utilization >= `min_utilization` %) the SM clock is below `threshold` x its maximum, and NVML sets
+no reason that would explain it (power cap, thermal or hardware slowdown, application clocks).
+The warning names the rank and host and what to check; it is logged once per episode as
+`underclock_warning` (and so lands in the JSONL stream and the run report) and printed.
+
+Logs: `underclock_warning` (text, only when it fires).
+"""
+
+from __future__ import annotations
+
+import socket
+
+from transformers import TrainerCallback
+from transformers.utils import logging
+
+from .hardware import HardwareSensorsCallback
+from .sensors import LIMITING_REASONS
+
+logger = logging.get_logger(__name__)
+
+
+def underclock_warning(
+    reading: dict, threshold: float = 0.6, min_utilization: float = 50.0, rank: int = 0, host: str | None = None
+) -> str | None:
+    """The warning for one sensor reading, or None when the clock is fine, idle, or explained."""
+    clock, peak = reading.get("gpu_sm_clock_mhz"), reading.get("gpu_sm_clock_max_mhz")
+    if clock is None or not peak or reading.get("gpu_utilization_pct", 100.0) < min_utilization:
+        return None
+    reasons = set(str(reading.get("gpu_throttle_reasons", "none")).split(","))
+    if clock >= threshold * peak or reasons & LIMITING_REASONS:
+        return None
+    power = reading.get("gpu_power_w")
+    power_text = f", {power:.0f} W" if power is not None else ""
+    return (
+        f"rank {rank} ({host or socket.gethostname()}): SM clock {clock:.0f}/{peak:.0f} MHz "
+        f"({clock / peak:.0%}) under load{power_text}, no throttle reason set. Check the power supply and its "
+        "adapter (a stuck USB-C power-delivery controller does this); a reboot may not clear it: unplug the machine "
+        "from the wall, wait a minute, plug it back in (cold power cycle)."
+    )
+
+
+class UnderclockCallback(TrainerCallback):
+    def __init__(self, sensors: HardwareSensorsCallback, threshold: float = 0.6, min_utilization: float = 50.0):
+        self.sensors = sensors
+        self.threshold = threshold
+        self.min_utilization = min_utilization
+        self.warnings: list[tuple[int, str]] = []  # (step, text), for the run report
+        self._active = False
+        self._pending: dict[str, str] = {}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        warning = underclock_warning(self.sensors.latest, self.threshold, self.min_utilization, args.process_index)
+        if warning and not self._active:
+            self.warnings.append((state.global_step, warning))
+            self._pending = {"underclock_warning": warning}
+            logger.warning(warning)
+        self._active = warning is not None
+
+    def metrics_for_log(self, state) -> dict[str, str]:
+        pending, self._pending = self._pending, {}
+        return pending

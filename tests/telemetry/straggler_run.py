@@ -1,0 +1,39 @@
+"""Launched by test_straggler.py under torchrun: a short CPU run with the telemetry callbacks on."""
+
+import sys
+
+import torch
+from datasets import Dataset
+
+from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
+from hf_pretrain.data import PackedDocumentCollator
+from hf_pretrain.presets import get_preset
+
+
+def main(output_dir: str) -> None:
+    torch.manual_seed(0)
+    ids = torch.randint(2, 512, (64, 64))
+    args = PretrainingArguments(
+        output_dir=output_dir,
+        max_steps=8,
+        per_device_train_batch_size=2,
+        logging_steps=4,
+        report_to="none",
+        save_strategy="no",
+        straggler_every=4,
+        disable_tqdm=True,
+        measure_peak_tflops=False,
+        seed=0,
+    )
+    config = get_preset("tiny", vocab_size=512, num_hidden_layers=2)
+    trainer = PretrainTrainer(
+        model=PretrainForCausalLM(config),
+        args=args,
+        train_dataset=Dataset.from_dict({"input_ids": ids.tolist()}),
+        data_collator=PackedDocumentCollator(1),
+    )
+    trainer.train()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
