@@ -1,7 +1,8 @@
 """`hf-pretrain` command line: thin wrappers over library functions that the tests call directly.
 
 hf-pretrain doctor --config 0.9b --seq-len 2048 --dtype bf16 --packed
-hf-pretrain advise-restart --elapsed-hours 24 --remaining-hours 144 --speedup 0.2 --hours-since-checkpoint 1
+hf-pretrain advise-restart --elapsed-hours 24 --remaining-hours 144 --speedup 20% --hours-since-checkpoint 1
+hf-pretrain report runs/tiny
 """
 
 from __future__ import annotations
@@ -94,7 +95,24 @@ def advise_restart_cli(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"doctor": doctor, "advise-restart": advise_restart_cli}
+def report(argv: list[str]) -> int:
+    from .report import render_report
+
+    parser = argparse.ArgumentParser(
+        prog="hf-pretrain report", description="PNG + HTML dashboard of a run's telemetry."
+    )
+    parser.add_argument("run_dir", help="the output_dir of a run (holds telemetry.jsonl)")
+    parser.add_argument("--out", default=None, help="where to write report.png / report.html (default: run_dir)")
+    args = parser.parse_args(argv)
+    try:
+        png, page = render_report(args.run_dir, args.out)
+    except FileNotFoundError as err:
+        raise ValueError(str(err)) from err
+    print(f"wrote {png} and {page}")
+    return 0
+
+
+COMMANDS = {"doctor": doctor, "advise-restart": advise_restart_cli, "report": report}
 
 
 def main(argv: list[str] | None = None) -> int:

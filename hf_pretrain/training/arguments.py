@@ -4,7 +4,8 @@ Every `TrainingArguments` field keeps its meaning, so `HfArgumentParser(Pretrain
 the same command line a transformers user already writes. Differences:
 - `pretrain_extras` (default True): hf_pretrain's additions to the Trainer. Off, `PretrainTrainer`
   behaves exactly as `transformers.Trainer`.
-- `include_num_input_tokens_seen` defaults to `"non_padding"`: tokens seen count real tokens.
+- `include_num_input_tokens_seen` defaults to `"non_padding"` (with extras): tokens seen count
+  real tokens.
 - `attn_fallback` (`warn` | `error` | `ignore`): what the attention preflight does when a layer type
   runs on a slower kernel than the hardware allows (see `hf_pretrain.preflight.attention`).
 - `peak_tflops` / `measure_peak_tflops`: the denominators of MFU (see `hf_pretrain.telemetry`).
@@ -34,9 +35,12 @@ class PretrainingArguments(TrainingArguments):
             "help": "hf_pretrain's additions (throughput logging, run checks). False: plain transformers.Trainer behaviour."
         },
     )
-    include_num_input_tokens_seen: str = field(
-        default="non_padding",
-        metadata={"help": "Count tokens seen: 'non_padding' (real tokens), 'all', or 'no'."},
+    include_num_input_tokens_seen: str | None = field(
+        default=None,
+        metadata={
+            "help": "Count tokens seen: 'non_padding' (real tokens), 'all', or 'no'. Default: 'non_padding' "
+            "with pretrain_extras, else transformers' 'no'."
+        },
     )
     attn_fallback: str = field(
         default="warn",
@@ -82,6 +86,8 @@ class PretrainingArguments(TrainingArguments):
     def __post_init__(self):
         if self.attn_fallback not in ("warn", "error", "ignore"):
             raise ValueError(f"attn_fallback={self.attn_fallback!r} is invalid; use 'warn', 'error' or 'ignore'.")
+        if self.include_num_input_tokens_seen is None:
+            self.include_num_input_tokens_seen = "non_padding" if self.pretrain_extras else "no"
         if self.use_cpu is None:  # extras off: transformers' default
             self.use_cpu = not accelerator_available() if self.pretrain_extras else False
         super().__post_init__()

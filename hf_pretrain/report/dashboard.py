@@ -1,0 +1,126 @@
+"""`render_report(run_dir)`: the run's telemetry as one PNG dashboard and an HTML page.
+
+Reads `RUN_DIR/telemetry.jsonl` (written by `JsonlCallback`) and draws, against the optimizer step:
+loss; tokens/s; MFU against spec and against the measured ceiling; SM clock, power and wait time
+per rank; memory. Warnings of the run (straggler, under-clock, attention fallback) are vertical
+lines on every panel and listed under the figure. A series the device never reported is drawn as
+the word "unavailable", not as a line at 0. Written with matplotlib's Agg backend (no display
+needed); the HTML page embeds the PNG and the warnings, so it is one self-contained file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ..telemetry.jsonl import read_jsonl  # noqa: E402
+
+WARNING_KEYS = ("straggler_warning", "underclock_warning", "attention_fallback")
+PANELS = (
+    ("loss", "loss (nats/token)", [r"^loss$", r"^eval_loss$"]),
+    ("throughput", "tokens / s (all ranks)", [r"^tokens_per_second$"]),
+    ("mfu", "MFU", [r"^mfu_spec$", r"^mfu_measured$"]),
+    ("clock", "SM clock (MHz)", [r"^rank\d+_sm_clock_mhz$", r"^gpu_sm_clock_mhz$", r"^gpu_sm_clock_max_mhz$"]),
+    ("power", "power (W)", [r"^rank\d+_power_w$", r"^gpu_power_w$", r"^gpu_power_limit_w$"]),
+    (
+        "wait",
+        "seconds per step",
+        [r"^rank\d+_wait_s$", r"^rank\d+_compute_s$", r"^wait_s$", r"^compute_s$", r"^data_wait_s$"],
+    ),
+    ("memory", "memory (GiB)", [r"^gpu_memory_used_gib$", r"^torch_peak_memory_gib$", r"^process_rss_gib$"]),
+    ("utilization", "utilization (%)", [r"^gpu_utilization_pct$", r"^cpu_utilization_pct$"]),
+)
+
+
+def series(records: list[dict], pattern: str) -> dict[str, tuple[list[int], list[float]]]:
+    """Numeric series of every key matching `pattern`: key -> (steps, values)."""
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for record in records:
+        for key, value in record.items():
+            if re.match(pattern, key) and isinstance(value, (int, float)) and not isinstance(value, bool):
+                steps, values = out.setdefault(key, ([], []))
+                steps.append(record["step"])
+                values.append(value)
+    return out
+
+
+def warnings_of(records: list[dict]) -> list[tuple[int, str, str]]:
+    return [(r["step"], key, r[key]) for r in records for key in WARNING_KEYS if isinstance(r.get(key), str)]
+
+
+def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tuple[Path, Path]:
+    """Write `report.png` and `report.html` (into `out_dir`, default the run directory)."""
+    run_dir = Path(run_dir)
+    records = read_jsonl(run_dir)
+    if not records:
+        raise FileNotFoundError(f"{run_dir}/telemetry.jsonl is missing or empty: run with telemetry=True first.")
+    out = Path(out_dir or run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    warnings = warnings_of(records)
+    fig, axes = plt.subplots(4, 2, figsize=(14, 14), sharex=True)
+    for ax, (_, title, patterns) in zip(axes.flat, PANELS):
+        drawn = {k: v for p in patterns for k, v in series(records, p).items()}
+        if any(k.startswith("rank") for k in drawn):  # per-rank figures supersede this rank's own
+            drawn = {k: v for k, v in drawn.items() if k.startswith("rank") or "limit" in k or "max" in k}
+        for key, (steps, values) in sorted(drawn.items()):
+            style = "--" if ("wait" in key or "limit" in key or "max" in key) else "-"
+            ax.plot(steps, values, style, marker="o", markersize=3, linewidth=1.5, label=key)
+        if drawn:
+            ax.legend(fontsize=8, loc="best")
+            ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+        else:
+            ax.text(
+                0.5, 0.5, "unavailable on this device", ha="center", va="center", transform=ax.transAxes, color="gray"
+            )
+            ax.set_yticks([])
+        for step, key, _ in warnings:
+            color = "orange" if key == "attention_fallback" else "red"
+            ax.axvline(step, color=color, linestyle=":", linewidth=1.2)
+            ax.text(
+                step,
+                1.0,
+                key.split("_")[0],
+                transform=ax.get_xaxis_transform(),
+                color=color,
+                fontsize=7,
+                ha="left",
+                va="top",
+            )
+        ax.set_title(title, fontsize=11)
+        ax.grid(alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("optimizer step")
+    fig.suptitle(f"hf_pretrain run: {run_dir.resolve().name}  (dotted red/orange lines: warnings)", fontsize=13)
+    fig.tight_layout()
+    png = out / "report.png"
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+    page = out / "report.html"
+    page.write_text(_html(run_dir, png, records, warnings), encoding="utf-8")
+    return png, page
+
+
+def _html(run_dir: Path, png: Path, records: list[dict], warnings: list[tuple[int, str, str]]) -> str:
+    image = base64.b64encode(png.read_bytes()).decode()
+    last = next((r for r in reversed(records) if "loss" in r), {})
+    summary = ", ".join(
+        f"{k} {last[k]:.4g}" for k in ("loss", "tokens_per_second", "mfu_spec", "mfu_measured") if k in last
+    )
+    items = (
+        "".join(f"<li>step {s}: <b>{html.escape(k)}</b>: {html.escape(t)}</li>" for s, k, t in warnings)
+        or "<li>none</li>"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>hf_pretrain report: {html.escape(run_dir.name)}</title>"
+        "<style>body{font-family:sans-serif;max-width:1300px;margin:auto}li{margin:4px 0}</style></head><body>"
+        f"<h1>{html.escape(run_dir.name)}</h1><p>last training log: {html.escape(summary)}</p>"
+        f"<h2>Warnings</h2><ul>{items}</ul><img alt='dashboard' style='width:100%' src='data:image/png;base64,{image}'>"
+        "</body></html>"
+    )

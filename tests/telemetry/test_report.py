@@ -1,0 +1,60 @@
+import json
+
+import pytest
+
+from hf_pretrain.cli import main as cli
+from hf_pretrain.report import render_report
+from hf_pretrain.report.dashboard import series, warnings_of
+
+
+def write_run(path, records):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "telemetry.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def two_node_records():
+    records = []
+    for step in range(10, 110, 10):
+        stuck = step >= 50
+        records.append(
+            {
+                "step": step,
+                "loss": 8 - step / 50,
+                "tokens_per_second": 9000 if not stuck else 5000,
+                "mfu_spec": 0.2,
+                "mfu_measured": 0.25,
+                "rank0_sm_clock_mhz": 2190,
+                "rank1_sm_clock_mhz": 600 if stuck else 2190,
+                "rank0_power_w": 80,
+                "rank1_power_w": 30 if stuck else 80,
+                "rank0_wait_s": 3.3 if stuck else 0.1,
+                "rank1_wait_s": 0.0,
+                "rank0_compute_s": 3.9,
+                "rank1_compute_s": 7.2 if stuck else 3.9,
+            }
+        )
+    records[4]["straggler_warning"] = (
+        "rank 1 (node-b) 1.8x slower, SM 600/2190 MHz, no throttle flag; rank 0 waits 3.3 s of 7.2 s"
+    )
+    return records
+
+
+def test_report_draws_per_rank_series_and_marks_warnings(tmp_path):
+    write_run(tmp_path, two_node_records())
+    png, page = render_report(tmp_path)
+    assert png.stat().st_size > 20_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = page.read_text()
+    assert "rank 1 (node-b) 1.8x slower" in text and "data:image/png;base64," in text
+    clocks = series(two_node_records(), r"^rank\d+_sm_clock_mhz$")
+    assert clocks["rank1_sm_clock_mhz"][1][-1] == 600 and len(clocks["rank0_sm_clock_mhz"][0]) == 10
+    assert warnings_of(two_node_records())[0][:2] == (50, "straggler_warning")
+
+
+def test_report_cli_and_missing_stream(tmp_path, capsys):
+    write_run(tmp_path / "run", [{"step": 1, "loss": 2.0, "process_rss_gib": 0.5}])
+    assert cli(["report", str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "report.png").exists() and "wrote" in capsys.readouterr().out
+    assert cli(["report", str(tmp_path / "empty")]) == 2
+    assert "telemetry.jsonl is missing" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError):
+        render_report(tmp_path / "empty")
