@@ -66,6 +66,7 @@ def straggler_report(rows: list[dict], hosts: list[str], threshold: float) -> tu
         if row["sm_clock_mhz"] >= 0:
             fastest = max(range(len(rows)), key=lambda r: scores[r])
             text += f", SM {row['sm_clock_mhz']:.0f}/{rows[fastest]['sm_clock_mhz']:.0f} MHz"
+            text += f", {row['power_w']:.0f} W" if row["power_w"] >= 0 else ""
             text += ", throttle flag set" if row["throttled"] > 0 else ", no throttle flag"
         parts.append(text)
     waits = [
