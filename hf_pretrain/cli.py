@@ -3,6 +3,7 @@
 hf-pretrain doctor --config 0.9b --seq-len 2048 --dtype bf16 --packed
 hf-pretrain advise-restart --elapsed-hours 24 --remaining-hours 144 --speedup 20% --hours-since-checkpoint 1
 hf-pretrain report runs/tiny
+hf-pretrain trial --config gpt2-124m --recipes bf16,fp8,te-fp8,te-nvfp4 --steps 30 --warmup-steps 5
 """
 
 from __future__ import annotations
@@ -11,28 +12,16 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
 import torch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def load_config(config: str):
-    """A preset name, a directory saved by `save_pretrained`, or a config.json file."""
-    from . import PRESETS, PretrainConfig, get_preset
-
-    if config in PRESETS:
-        return get_preset(config)
-    path = Path(config)
-    if path.exists():
-        return PretrainConfig.from_pretrained(path.parent if path.is_file() else path)
-    raise ValueError(f"--config {config!r} is neither a preset ({sorted(PRESETS)}) nor an existing path.")
-
-
 def doctor(argv: list[str]) -> int:
     from .modeling.attention import Environment
     from .preflight.attention import attention_preflight
+    from .presets import load_config
 
     parser = argparse.ArgumentParser(
         prog="hf-pretrain doctor", description="Attention preflight for a config on this machine."
@@ -112,7 +101,41 @@ def report(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"doctor": doctor, "advise-restart": advise_restart_cli, "report": report}
+def trial(argv: list[str]) -> int:
+    from .preflight.trial import run_trial, to_markdown
+
+    parser = argparse.ArgumentParser(
+        prog="hf-pretrain trial", description="Short side-by-side run of precision recipes."
+    )
+    parser.add_argument("--config", required=True, help="preset name, saved model directory or config.json")
+    parser.add_argument(
+        "--recipes", default="bf16,fp8,te-fp8,te-nvfp4", help="comma-separated, the first is the baseline"
+    )
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup-steps", type=int, default=5)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument(
+        "--loss-tolerance", type=float, default=0.05, help="nats; recipes this close to the best loss qualify"
+    )
+    parser.add_argument("--out", default="trial", help="output directory for trial.json / trial.md")
+    args = parser.parse_args(argv)
+    result = run_trial(
+        args.config,
+        [r.strip() for r in args.recipes.split(",") if r.strip()],
+        args.steps,
+        args.warmup_steps,
+        args.seq_len,
+        args.batch_size,
+        args.out,
+        args.loss_tolerance,
+    )
+    print(to_markdown(result))
+    print(f"wrote {args.out}/trial.json and {args.out}/trial.md")
+    return 0 if result["recommendation"] else 1
+
+
+COMMANDS = {"doctor": doctor, "advise-restart": advise_restart_cli, "report": report, "trial": trial}
 
 
 def main(argv: list[str] | None = None) -> int:

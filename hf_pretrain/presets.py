@@ -10,6 +10,7 @@ original model tied them (GPT-2).
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from .modeling.configuration import PretrainConfig
 
@@ -33,6 +34,16 @@ def get_preset(name: str, **overrides) -> PretrainConfig:
     if name not in PRESETS:
         raise ValueError(f"preset={name!r} is unknown; choose one of {sorted(PRESETS)}.")
     return PRESETS[name](**overrides)
+
+
+def load_config(name_or_path: str) -> PretrainConfig:
+    """A preset name, a directory saved by `save_pretrained`, or a config.json file."""
+    if name_or_path in PRESETS:
+        return get_preset(name_or_path)
+    path = Path(name_or_path)
+    if path.exists():
+        return PretrainConfig.from_pretrained(path.parent if path.is_file() else path)
+    raise ValueError(f"config={name_or_path!r} is neither a preset ({sorted(PRESETS)}) nor an existing path.")
 
 
 def nominal_parameters(name: str) -> float:

@@ -9,6 +9,9 @@ the same command line a transformers user already writes. Differences:
 - `attn_fallback` (`warn` | `error` | `ignore`): what the attention preflight does when a layer type
   runs on a slower kernel than the hardware allows (see `hf_pretrain.preflight.attention`).
 - `peak_tflops` / `measure_peak_tflops`: the denominators of MFU (see `hf_pretrain.telemetry`).
+- `precision` (+ `precision_scaling`, `precision_min_features`, `precision_keep_first_last`): a
+  recipe of `hf_pretrain.precision` (fp32, bf16, fp8, te-fp8, te-mxfp8, te-nvfp4); it sets
+  `bf16` itself, so accelerate's mixed precision follows.
 - `ddp_find_unused_parameters` and `ddp_broadcast_buffers` default to False: every parameter is
   used and the only buffers (RoPE frequencies) are constant, so both would cost a step-time sync.
 - `use_cpu` defaults to `None` = auto: True when torch sees no accelerator, so a CPU-only machine
@@ -56,6 +59,20 @@ class PretrainingArguments(TrainingArguments):
     measure_peak_tflops: bool = field(
         default=True, metadata={"help": "Measure a matmul ceiling at start-up for MFU against the reachable peak."}
     )
+    precision: str | None = field(
+        default=None,
+        metadata={
+            "help": "Precision recipe: fp32, bf16, fp8 (torchao), te-fp8, te-mxfp8, te-nvfp4. Default: the "
+            "bf16/fp16 flags as given."
+        },
+    )
+    precision_scaling: str | None = field(
+        default=None, metadata={"help": "fp8: tensorwise (default) or rowwise; te-fp8: current (default) or delayed."}
+    )
+    precision_min_features: int = field(default=64, metadata={"help": "Convert only linears at least this wide."})
+    precision_keep_first_last: bool = field(
+        default=False, metadata={"help": "Keep the first and last decoder blocks in high precision."}
+    )
     telemetry: bool = field(
         default=True,
         metadata={"help": "Hardware sensors, under-clock and straggler detection, and OUTPUT_DIR/telemetry.jsonl."},
@@ -86,6 +103,14 @@ class PretrainingArguments(TrainingArguments):
     def __post_init__(self):
         if self.attn_fallback not in ("warn", "error", "ignore"):
             raise ValueError(f"attn_fallback={self.attn_fallback!r} is invalid; use 'warn', 'error' or 'ignore'.")
+        if self.precision is not None:
+            from ..precision import RECIPES
+
+            if self.precision not in RECIPES:
+                raise ValueError(f"precision={self.precision!r} is invalid; use one of {list(RECIPES)}.")
+            # Autocast around the low-precision linears: bf16 on a GPU; on a CPU fp8 is emulated around fp32.
+            self.bf16 = self.precision == "bf16" or (self.precision != "fp32" and accelerator_available())
+            self.fp16 = False
         if self.include_num_input_tokens_seen is None:
             self.include_num_input_tokens_seen = "non_padding" if self.pretrain_extras else "no"
         if self.use_cpu is None:  # extras off: transformers' default

@@ -20,6 +20,9 @@ With extras on (the default) it:
   writes `preflight.json` to the output dir and applies `args.attn_fallback` (warn / error /
   ignore). A fallback warning is repeated in the first logged metrics as `attention_fallback`,
   with `attention_step_cost_vs_best` (estimated step time against the best kernels here).
+- applies `args.precision` (`hf_pretrain.precision`): converts the selected linears before the
+  optimizer exists, prints which were converted or kept and why, and runs `evaluate()` and saving
+  with plain linears (`high_precision`).
 It is the one place where hf_pretrain attaches its callbacks, schedules and preflight checks.
 """
 
@@ -31,6 +34,8 @@ import torch
 from transformers import DataCollatorWithFlattening, Trainer
 
 from ..modeling.attention import Environment, plan_attention
+from ..precision import apply_precision, high_precision
+from ..precision.recipes import LOW_PRECISION
 from ..preflight.attention import AttentionReport, attention_preflight, enforce_attention_policy
 from ..telemetry.hardware import HardwareSensorsCallback
 from ..telemetry.jsonl import JsonlCallback
@@ -46,8 +51,20 @@ class PretrainTrainer(Trainer):
         self.extras = getattr(self.args, "pretrain_extras", True)
         self.attention_report: AttentionReport | None = None
         self._pending_preflight_logs: dict = {}
+        self.precision_report = None
         if not self.extras:
             return
+        if getattr(self.args, "precision", None) in LOW_PRECISION:
+            self.precision_report = apply_precision(
+                self.model,
+                self.args.precision,
+                scaling=self.args.precision_scaling,
+                min_features=self.args.precision_min_features,
+                keep_first_last_blocks=self.args.precision_keep_first_last,
+                device=self.args.device,
+            )
+            if self.is_world_process_zero():
+                print(self.precision_report.summary(), flush=True)
         if not isinstance(self.args, PretrainingArguments) and self.args.include_num_input_tokens_seen in ("no", False):
             self.args.include_num_input_tokens_seen = "non_padding"  # plain TrainingArguments default off
         if (
@@ -70,6 +87,14 @@ class PretrainTrainer(Trainer):
             logs.update(self._pending_preflight_logs)
             self._pending_preflight_logs = {}
         super().log(logs, start_time)
+
+    def evaluate(self, *args, **kwargs):
+        with high_precision(self.model):  # evaluation never runs the low-precision path
+            return super().evaluate(*args, **kwargs)
+
+    def _save(self, output_dir: str | None = None, state_dict=None):
+        with high_precision(self.model):  # plain weights that load without torchao or TE
+            return super()._save(output_dir, state_dict)
 
     def train(self, *args, **kwargs):
         if self.extras:

@@ -29,7 +29,9 @@ def test_field_notes_straggler_message():
     # Two GB10s: rank 1 stuck at ~600 MHz; rank 0 (2190 MHz) waits 3.3 s of each 7.2 s step.
     rows = [row(3.9, 3.3, 7.2, clock=2190, power=80), row(7.2, 0.0, 7.2, clock=600, power=30)]
     metrics, warning = straggler_report(rows, ["node-a", "node-b"], threshold=0.75)
-    assert warning == "rank 1 (node-b) 1.8x slower, SM 600/2190 MHz, 30 W, no throttle flag; rank 0 waits 3.3 s of 7.2 s"
+    assert (
+        warning == "rank 1 (node-b) 1.8x slower, SM 600/2190 MHz, 30 W, no throttle flag; rank 0 waits 3.3 s of 7.2 s"
+    )
     assert metrics["rank1_score"] == pytest.approx(3.9 / 7.2) and metrics["rank0_score"] == 1.0
     assert metrics["straggler_score_min"] == pytest.approx(0.5417, abs=1e-4)
     assert metrics["rank1_sm_clock_mhz"] == 600 and metrics["rank0_wait_s"] == 3.3

@@ -1,0 +1,266 @@
+"""Precision recipes behind one API: `apply_precision(model, recipe, **options)`.
+
+| recipe | what runs | needs |
+|---|---|---|
+| `fp32` | everything in fp32 | - |
+| `bf16` | autocast to bf16, fp32 master weights (the Trainer's `bf16=True`) | - |
+| `fp8` | PyTorch-native FP8 linears from torchao (`tensorwise` or `rowwise` scaling), bf16 elsewhere on a GPU | torchao; on a GPU compute capability >= 8.9 (on a CPU torchao emulates it, so its logic runs here) |
+| `te-fp8` | Transformer Engine `Linear` under `fp8_autocast`, `delayed` or `current` scaling | transformer_engine, CUDA, capability >= 8.9 |
+| `te-mxfp8` | TE `Linear` with MXFP8 block scaling | transformer_engine, Blackwell (capability >= 10.0) |
+| `te-nvfp4` | TE `Linear` with NVFP4 block scaling | transformer_engine, Blackwell (capability >= 10.0) |
+
+Why torchao for `fp8`: it is PyTorch's own float8 training (the path nanochat and torchtitan
+use); the field notes measured it 20 % faster and 30 % lighter than TE FP8 on one machine pair,
+which is why `hf-pretrain trial` runs both before a long run commits to one.
+
+Linear selection (both libraries): a `nn.Linear` is converted only when both dimensions are
+divisible by 16 and at least `min_features`, it is not the LM head, and (optionally,
+`keep_first_last_blocks`) not in the first or last decoder block. Every linear gets a
+`LinearDecision` with the reason; an unsupported one is skipped and the conversion continues
+(accelerate's TE conversion stops at the first one instead).
+
+Evaluation, generation and saving run without the low-precision path: `high_precision(model)`
+swaps every converted linear back to a plain `nn.Linear` sharing the same weight tensors (exact,
+no copy) and restores them on exit; `remove_precision` does it for good. torchao keeps its master
+weights in high precision, so a saved checkpoint is plain weights that load without torchao or TE.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+RECIPES = ("fp32", "bf16", "fp8", "te-fp8", "te-mxfp8", "te-nvfp4")
+LOW_PRECISION = ("fp8", "te-fp8", "te-mxfp8", "te-nvfp4")
+
+
+class RecipeUnavailableError(RuntimeError):
+    """The recipe cannot run on this machine; the message names what is missing and what is available."""
+
+
+@dataclass
+class LinearDecision:
+    name: str
+    shape: tuple[int, int]  # (out_features, in_features)
+    converted: bool
+    reason: str
+
+
+@dataclass
+class PrecisionReport:
+    recipe: str
+    options: dict
+    linears: list[LinearDecision] = field(default_factory=list)
+
+    @property
+    def converted(self) -> list[LinearDecision]:
+        return [d for d in self.linears if d.converted]
+
+    def summary(self) -> str:
+        skipped = [d for d in self.linears if not d.converted]
+        reasons = sorted({d.reason for d in skipped})
+        return f"precision {self.recipe}: {len(self.converted)} of {len(self.linears)} linears converted" + (
+            f"; kept in high precision: {len(skipped)} ({'; '.join(reasons)})" if skipped else ""
+        )
+
+
+def why_unavailable(recipe: str, device: torch.device | str) -> str | None:
+    """What this machine lacks for `recipe`, or None when it can run."""
+    if recipe not in RECIPES:
+        raise ValueError(f"precision={recipe!r} is unknown; use one of {list(RECIPES)}.")
+    device = torch.device(device)
+    capability = (
+        torch.cuda.get_device_capability(device) if device.type == "cuda" and torch.cuda.is_available() else None
+    )
+    if recipe == "fp8":
+        if importlib.util.find_spec("torchao") is None:
+            return "package torchao is not installed (pip install torchao)"
+        if capability is not None and capability < (8, 9):
+            return f"FP8 needs compute capability >= 8.9 (this GPU is {capability[0]}.{capability[1]})"
+    if recipe.startswith("te-"):
+        if importlib.util.find_spec("transformer_engine") is None:
+            return "package transformer_engine is not installed (pip install transformer-engine[pytorch], needs CUDA)"
+        if capability is None:
+            return "Transformer Engine needs a CUDA GPU"
+        needed = (10, 0) if recipe in ("te-mxfp8", "te-nvfp4") else (8, 9)
+        if capability < needed:
+            label = "a Blackwell GPU (compute capability >= 10.0)" if needed == (10, 0) else "compute capability >= 8.9"
+            return f"{recipe} needs {label} (this GPU is {capability[0]}.{capability[1]})"
+    if recipe == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "this GPU has no bf16 support"
+    return None
+
+
+def available_recipes(device: torch.device | str) -> list[str]:
+    return [r for r in RECIPES if why_unavailable(r, device) is None]
+
+
+def check_recipe(recipe: str, device: torch.device | str) -> None:
+    """Fail before training, naming what is missing and the recipes that run here."""
+    reason = why_unavailable(recipe, device)
+    if reason:
+        raise RecipeUnavailableError(
+            f"precision={recipe!r} cannot run here: {reason}. Available on this machine: {available_recipes(device)}."
+        )
+
+
+def _block_index(name: str) -> int | None:
+    match = re.search(r"layers\.(\d+)\.", name)
+    return int(match.group(1)) if match else None
+
+
+def select_linears(
+    model: nn.Module, min_features: int = 64, keep_first_last_blocks: bool = False, divisible_by: int = 16
+) -> list[LinearDecision]:
+    """A decision for every `nn.Linear` of the model: convert, or keep and why."""
+    blocks = [i for n, _ in model.named_modules() if (i := _block_index(n + ".")) is not None]
+    last = max(blocks) if blocks else None
+    decisions = []
+    for name, module in model.named_modules():
+        if type(module) is not nn.Linear:
+            continue
+        out_f, in_f = module.out_features, module.in_features
+        block = _block_index(name + ".")
+        if name.endswith("lm_head"):
+            reason = "LM head kept in high precision"
+        elif out_f % divisible_by or in_f % divisible_by:
+            reason = f"dims not divisible by {divisible_by}"
+        elif min(out_f, in_f) < min_features:
+            reason = f"smaller than min_features={min_features}"
+        elif keep_first_last_blocks and block in (0, last):
+            reason = "first/last block kept in high precision"
+        else:
+            reason = ""
+        decisions.append(LinearDecision(name, (out_f, in_f), not reason, reason or "converted"))
+    return decisions
+
+
+def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
+def _plain_linear(module: nn.Linear) -> nn.Linear:
+    """A plain nn.Linear sharing `module`'s weight and bias tensors (no copy)."""
+    plain = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None, device="meta")
+    plain.weight = module.weight
+    plain.bias = module.bias
+    return plain
+
+
+def apply_precision(
+    model: nn.Module,
+    recipe: str,
+    scaling: str | None = None,
+    min_features: int = 64,
+    keep_first_last_blocks: bool = False,
+    device: torch.device | str | None = None,
+) -> PrecisionReport:
+    """Convert the selected linears of `model` for `recipe` (a no-op for fp32/bf16); returns the report.
+
+    `scaling`: `tensorwise` (default) or `rowwise` for `fp8`; `delayed` or `current` (default) for `te-fp8`.
+    """
+    device = device or next(model.parameters()).device
+    check_recipe(recipe, device)
+    report = PrecisionReport(
+        recipe, {"scaling": scaling, "min_features": min_features, "keep_first_last_blocks": keep_first_last_blocks}
+    )
+    if recipe not in LOW_PRECISION:
+        return report
+    report.linears = select_linears(model, min_features, keep_first_last_blocks)
+    chosen = {d.name for d in report.linears if d.converted}
+    if recipe == "fp8":
+        _apply_torchao(model, chosen, scaling or "tensorwise")
+    else:
+        _apply_transformer_engine(model, chosen, recipe, scaling or "current")
+    model.precision_report = report
+    return report
+
+
+def _apply_torchao(model: nn.Module, chosen: set[str], scaling: str) -> None:
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    if scaling not in ("tensorwise", "rowwise"):
+        raise ValueError(f"scaling={scaling!r} is invalid for fp8; use 'tensorwise' or 'rowwise'.")
+    config = Float8LinearConfig.from_recipe_name(scaling)
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda module, fqn: fqn in chosen)
+
+
+def _te_recipe(recipe: str, scaling: str):
+    from transformer_engine.common import recipe as te_recipe
+
+    if recipe == "te-mxfp8":
+        return te_recipe.MXFP8BlockScaling()
+    if recipe == "te-nvfp4":
+        return te_recipe.NVFP4BlockScaling()
+    if scaling not in ("delayed", "current"):
+        raise ValueError(f"scaling={scaling!r} is invalid for te-fp8; use 'delayed' or 'current'.")
+    return te_recipe.DelayedScaling() if scaling == "delayed" else te_recipe.Float8CurrentScaling()
+
+
+def _apply_transformer_engine(model: nn.Module, chosen: set[str], recipe: str, scaling: str) -> None:
+    import transformer_engine.pytorch as te
+
+    for name in chosen:
+        old = model.get_submodule(name)
+        new = te.Linear(
+            old.in_features,
+            old.out_features,
+            bias=old.bias is not None,
+            params_dtype=old.weight.dtype,
+            device=old.weight.device,
+        )
+        new.weight = old.weight  # the same Parameter: the optimizer and the checkpoint keep seeing one tensor
+        if old.bias is not None:
+            new.bias = old.bias
+        _swap(model, name, new)
+    fp8_recipe = _te_recipe(recipe, scaling)
+    original_forward = model.forward
+
+    def forward(*args, **kwargs):
+        with te.fp8_autocast(enabled=getattr(model, "_low_precision_enabled", True), fp8_recipe=fp8_recipe):
+            return original_forward(*args, **kwargs)
+
+    model.forward = forward
+    model._te_original_forward = original_forward
+
+
+def _converted_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Module) and _is_low_precision_linear(m)]
+
+
+def _is_low_precision_linear(module: nn.Module) -> bool:
+    kind = type(module)
+    return kind.__name__ == "Float8Linear" or (
+        kind.__module__.startswith("transformer_engine") and kind.__name__ == "Linear"
+    )
+
+
+def remove_precision(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Swap every converted linear back to a plain `nn.Linear` (same tensors); returns what was removed."""
+    removed = _converted_modules(model)
+    for name, module in removed:
+        _swap(model, name, _plain_linear(module))
+    if hasattr(model, "_te_original_forward"):
+        model.forward = model._te_original_forward
+        del model._te_original_forward
+    return removed
+
+
+@contextlib.contextmanager
+def high_precision(model: nn.Module):
+    """Run evaluation / generation / saving without the low-precision path; restores it on exit."""
+    removed = _converted_modules(model)
+    plain = {name: _plain_linear(module) for name, module in removed}
+    for name, module in plain.items():
+        _swap(model, name, module)
+    try:
+        yield model
+    finally:
+        for name, module in removed:
+            _swap(model, name, module)
