@@ -24,15 +24,18 @@ from hf_pretrain.data import PackedDocumentCollator
 
 
 class StepTimer(TrainerCallback):
+    """Time from one step's start to the next one's: the other callbacks' step-end work, logging and
+    the JSONL writes of the previous step all fall inside it (the first interval is warm-up)."""
+
     def __init__(self):
         self.times: list[float] = []
+        self._start = None
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self._start = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step > 1:
-            self.times.append(time.perf_counter() - self._start)
+        now = time.perf_counter()
+        if self._start is not None and state.global_step > 1:
+            self.times.append(now - self._start)
+        self._start = now
 
 
 def time_steps(extras: bool, data, steps: int) -> list[float]:

@@ -1,9 +1,11 @@
 """`render_report(run_dir)`: the run's telemetry as one PNG dashboard and an HTML page.
 
 Reads `RUN_DIR/telemetry.jsonl` (written by `JsonlCallback`) and draws, against the optimizer step:
-loss; tokens/s; MFU against spec and against the measured ceiling; SM clock, power and wait time
-per rank; memory. Warnings of the run (straggler, under-clock, attention fallback) are vertical
-lines on every panel and listed under the figure. A series the device never reported is drawn as
+loss; tokens/s; MFU against spec and against the measured ceiling; SM clock, power, compute and
+wait time per rank; memory; utilization beside power as a share of its limit. Warnings of the run
+(straggler, under-clock, attention fallback) are merged into episodes (consecutive logs carrying
+one), drawn as a line at their start and a shaded span over their length on every panel, and
+listed in the HTML page. A series the device never reported is drawn as
 the word "unavailable", not as a line at 0. Written with matplotlib's Agg backend (no display
 needed); the HTML page embeds the PNG and the warnings, so it is one self-contained file.
 """
@@ -34,8 +36,16 @@ PANELS = (
         "seconds per step",
         [r"^rank\d+_wait_s$", r"^rank\d+_compute_s$", r"^wait_s$", r"^compute_s$", r"^data_wait_s$"],
     ),
-    ("memory", "memory (GiB)", [r"^gpu_memory_used_gib$", r"^torch_peak_memory_gib$", r"^process_rss_gib$"]),
-    ("utilization", "utilization (%)", [r"^gpu_utilization_pct$", r"^cpu_utilization_pct$"]),
+    (
+        "memory",
+        "memory (GiB)",
+        [r"^rank\d+_memory_gib$", r"^gpu_memory_used_gib$", r"^torch_peak_memory_gib$", r"^process_rss_gib$"],
+    ),
+    (
+        "utilization",
+        "utilization and power / limit (%)",
+        [r"^gpu_utilization_pct$", r"^gpu_power_of_limit_pct$", r"^cpu_utilization_pct$"],
+    ),
 )
 
 
@@ -55,6 +65,20 @@ def warnings_of(records: list[dict]) -> list[tuple[int, str, str]]:
     return [(r["step"], key, r[key]) for r in records for key in WARNING_KEYS if isinstance(r.get(key), str)]
 
 
+def episodes(records: list[dict]) -> list[tuple[int, int, str, str]]:
+    """Warnings merged into episodes: (first step, last step, key, first text) of consecutive logs that carry one."""
+    out: list[list] = []
+    logged_steps = sorted({r["step"] for r in records})
+    following = dict(zip(logged_steps, logged_steps[1:]))
+    for step, key, text in warnings_of(records):
+        same = [e for e in out if e[2] == key and following.get(e[1]) == step]
+        if same:
+            same[-1][1] = step
+        else:
+            out.append([step, step, key, text])
+    return [tuple(e) for e in out]
+
+
 def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tuple[Path, Path]:
     """Write `report.png` and `report.html` (into `out_dir`, default the run directory)."""
     run_dir = Path(run_dir)
@@ -63,7 +87,10 @@ def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tup
         raise FileNotFoundError(f"{run_dir}/telemetry.jsonl is missing or empty: run with telemetry=True first.")
     out = Path(out_dir or run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    warnings = warnings_of(records)
+    for record in records:  # power as a share of the limit, on the utilization panel's scale
+        if isinstance(record.get("gpu_power_of_limit"), (int, float)):
+            record["gpu_power_of_limit_pct"] = 100 * record["gpu_power_of_limit"]
+    spans = episodes(records)
     fig, axes = plt.subplots(4, 2, figsize=(14, 14), sharex=True)
     for ax, (_, title, patterns) in zip(axes.flat, PANELS):
         drawn = {k: v for p in patterns for k, v in series(records, p).items()}
@@ -80,41 +107,38 @@ def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tup
                 0.5, 0.5, "unavailable on this device", ha="center", va="center", transform=ax.transAxes, color="gray"
             )
             ax.set_yticks([])
-        for step, key, _ in warnings:
-            color = "orange" if key == "attention_fallback" else "red"
-            ax.axvline(step, color=color, linestyle=":", linewidth=1.2)
-            ax.text(
-                step,
-                1.0,
-                key.split("_")[0],
-                transform=ax.get_xaxis_transform(),
-                color=color,
-                fontsize=7,
-                ha="left",
-                va="top",
-            )
+        for first, last, key, _ in spans:
+            color = {"attention_fallback": "orange", "underclock_warning": "purple"}.get(key, "red")
+            if last > first:
+                ax.axvspan(first, last, color=color, alpha=0.12)
+            ax.axvline(first, color=color, linestyle=":", linewidth=1.2)
+            label = key.split("_")[0]
+            ax.text(first, 0.98, label, transform=ax.get_xaxis_transform(), color=color, fontsize=7, va="top")
         ax.set_title(title, fontsize=11)
         ax.grid(alpha=0.3)
     for ax in axes[-1]:
         ax.set_xlabel("optimizer step")
-    fig.suptitle(f"hf_pretrain run: {run_dir.resolve().name}  (dotted red/orange lines: warnings)", fontsize=13)
+    fig.suptitle(
+        f"hf_pretrain run: {run_dir.resolve().name}  (dotted lines / shaded spans: warnings; red straggler, "
+        "purple under-clock, orange attention fallback)",
+        fontsize=12,
+    )
     fig.tight_layout()
     png = out / "report.png"
     fig.savefig(png, dpi=90)
     plt.close(fig)
     page = out / "report.html"
-    page.write_text(_html(run_dir, png, records, warnings), encoding="utf-8")
+    page.write_text(_html(run_dir, png, records, spans), encoding="utf-8")
     return png, page
 
 
-def _html(run_dir: Path, png: Path, records: list[dict], warnings: list[tuple[int, str, str]]) -> str:
+def _html(run_dir: Path, png: Path, records: list[dict], spans: list[tuple[int, int, str, str]]) -> str:
     image = base64.b64encode(png.read_bytes()).decode()
     last = next((r for r in reversed(records) if "loss" in r), {})
-    summary = ", ".join(
-        f"{k} {last[k]:.4g}" for k in ("loss", "tokens_per_second", "mfu_spec", "mfu_measured") if k in last
-    )
+    keys = ("loss", "tokens_per_second", "mfu_spec", "mfu_measured")
+    summary = ", ".join(f"{k} {last[k]:.4g}" for k in keys if isinstance(last.get(k), (int, float))) or "none"
     items = (
-        "".join(f"<li>step {s}: <b>{html.escape(k)}</b>: {html.escape(t)}</li>" for s, k, t in warnings)
+        "".join(f"<li>steps {a}-{b}: <b>{html.escape(k)}</b>: {html.escape(t)}</li>" for a, b, k, t in spans)
         or "<li>none</li>"
     )
     return (

@@ -4,7 +4,8 @@ Logs at every logging step the latest reading of `telemetry/sensors.py` (the key
 there), plus `torch_peak_memory_gib` (the framework's own peak allocation on a CUDA device). The
 sensor is read every `every` optimizer steps, outside the step (never inside a kernel's timing).
 A sensor the device does not expose is reported once as a warning naming the field and NVML's
-reason, then left out of the logs; it is never logged as 0. GPU "utilization" only counts time
+reason (and once in the logs as `sensors_unavailable`), then left out of the logs; it is never
+logged as 0. GPU "utilization" only counts time
 with a kernel running, so `gpu_power_of_limit` (draw / limit) sits beside it: 96 % utilization at
 60 % of the power limit is a chip waiting on something.
 """
@@ -26,6 +27,7 @@ class HardwareSensorsCallback(TrainerCallback):
         self.sensors = sensors
         self.latest: dict[str, float | str] = {}
         self._reported: set[str] = set()
+        self._newly_unavailable: dict[str, str] = {}
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.sensors is None:
@@ -44,10 +46,15 @@ class HardwareSensorsCallback(TrainerCallback):
         for field, reason in self.sensors.unavailable.items():
             if field not in self._reported:
                 self._reported.add(field)
+                self._newly_unavailable[field] = reason
                 logger.warning(
                     f"sensor {field}: unavailable ({reason}); it is left out of the logs, not reported as 0."
                 )
         return self.latest
 
     def metrics_for_log(self, state) -> dict[str, float | str]:
-        return dict(self.latest)
+        metrics = dict(self.latest)
+        if self._newly_unavailable:  # once, so the JSONL stream and the report say what was never measured
+            metrics["sensors_unavailable"] = "; ".join(f"{k}: {v}" for k, v in self._newly_unavailable.items())
+            self._newly_unavailable = {}
+        return metrics

@@ -39,8 +39,20 @@ class JsonlCallback(TrainerCallback):
 
 
 def read_jsonl(run_dir: str | Path) -> list[dict]:
-    """The records of a run directory's telemetry stream (an empty list when there is none)."""
+    """The records of a run directory's telemetry stream (an empty list when there is none).
+
+    Lines that are not JSON objects with an integer `step` (a truncated last line, foreign text)
+    are skipped.
+    """
     path = Path(run_dir) / FILENAME
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a run that died, or not ours
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+    return records

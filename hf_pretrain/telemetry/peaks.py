@@ -12,6 +12,7 @@ run uses. Both are logged.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ SPEC_TFLOPS: dict[str, dict[str, float]] = {
     "a100": {"bf16": 312.0},
     "a800": {"bf16": 312.0},
     "l40s": {"bf16": 362.1, "fp8": 733.0},
+    "l40": {"bf16": 181.0, "fp8": 362.0},
     "l4": {"bf16": 121.0, "fp8": 242.5},
     "rtx 5090": {"bf16": 209.5, "fp8": 419.0, "fp4": 838.0},
     "rtx 4090": {"bf16": 165.2, "fp8": 330.3},
@@ -44,7 +46,7 @@ def spec_tflops(device_name: str, precision: str) -> float | None:
     """Dense spec peak for a device name and precision, or None when the chip or precision is unknown."""
     name = device_name.lower()
     for key, peaks in SPEC_TFLOPS.items():
-        if key in name:
+        if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", name):  # "l4" is not "l40s"
             return peaks.get(precision)
     return None
 

@@ -10,7 +10,8 @@ Reading keys (all optional; present only when the device exposes them):
 `gpu_sm_clock_mhz`, `gpu_sm_clock_max_mhz`, `gpu_mem_clock_mhz`, `gpu_power_w`,
 `gpu_power_limit_w`, `gpu_power_of_limit` (draw / limit, shown next to utilization),
 `gpu_utilization_pct`, `gpu_temperature_c`, `gpu_memory_used_gib`, `gpu_memory_total_gib`,
-`gpu_throttle_reasons` (decoded names, "none" when no reason is set), and on every device
+`gpu_throttle_reasons` (decoded names, "none" when no reason is set), `gpu_throttled` (1 when a
+reason that limits the clock is set: numeric, for trackers that drop text), and on every device
 `process_rss_gib`, `cpu_utilization_pct` (this process, all cores = 100 x cores).
 """
 
@@ -70,13 +71,14 @@ class CpuSensors:
 class NvmlSensors(CpuSensors):
     """One GPU through NVML; `nvml` is the `pynvml` module (injectable: tests pass recorded readings)."""
 
-    def __init__(self, index: int = 0, nvml=None):
+    def __init__(self, index: int = 0, nvml=None, uuid: str | None = None):
         super().__init__()
         if nvml is None:
             import pynvml as nvml
         self.nvml = nvml
         nvml.nvmlInit()
-        self.handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        # NVML numbers devices its own way (CUDA_VISIBLE_DEVICES does not apply): find ours by UUID when known.
+        self.handle = nvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else nvml.nvmlDeviceGetHandleByIndex(index)
         self.name = _text(nvml.nvmlDeviceGetName(self.handle))
 
     def _field(self, key: str, read):
@@ -87,6 +89,14 @@ class NvmlSensors(CpuSensors):
         except self.nvml.NVMLError as err:
             self.unavailable[key] = str(err) or type(err).__name__
             return None
+
+    def _reasons(self) -> int:
+        # nvidia-ml-py >= 12.535 names it "clocks event reasons"; older releases "throttle reasons".
+        get = (
+            getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
+        return get(self.handle)
 
     def read(self) -> dict[str, float | str]:
         n, h = self.nvml, self.handle
@@ -100,11 +110,11 @@ class NvmlSensors(CpuSensors):
             "gpu_temperature_c": lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU),
             "gpu_memory_used_gib": lambda: n.nvmlDeviceGetMemoryInfo(h).used / GIB,
             "gpu_memory_total_gib": lambda: n.nvmlDeviceGetMemoryInfo(h).total / GIB,
-            "gpu_throttle_reasons": lambda: (
-                ",".join(decode_throttle_reasons(n.nvmlDeviceGetCurrentClocksEventReasons(h))) or "none"
-            ),
+            "gpu_throttle_reasons": lambda: ",".join(decode_throttle_reasons(self._reasons())) or "none",
         }
         reading = {key: value for key, read in fields.items() if (value := self._field(key, read)) is not None}
+        if "gpu_throttle_reasons" in reading:
+            reading["gpu_throttled"] = float(bool(set(reading["gpu_throttle_reasons"].split(",")) & LIMITING_REASONS))
         if "gpu_power_w" in reading and reading.get("gpu_power_limit_w"):
             reading["gpu_power_of_limit"] = reading["gpu_power_w"] / reading["gpu_power_limit_w"]
         return {**reading, **super().read()}
@@ -121,7 +131,9 @@ def open_sensors(device) -> CpuSensors:
     device = torch.device(device)
     if device.type == "cuda":
         try:
-            return NvmlSensors(device.index if device.index is not None else torch.cuda.current_device())
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+            return NvmlSensors(index, uuid=f"GPU-{uuid}" if uuid else None)
         except Exception as err:  # no driver library, or NVML not initialised
             sensors = CpuSensors()
             sensors.unavailable["gpu"] = f"NVML unavailable: {err}"

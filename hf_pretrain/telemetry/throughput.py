@@ -10,9 +10,12 @@ the console, `report_to` and the JSONL stream alike):
 - `mfu_spec`: against the chip's spec peak for the run's precision (`telemetry/peaks.py`);
   left out, with one message asking for `peak_tflops`, when the chip or precision is unknown
 - `mfu_measured`: against a large-matmul ceiling measured on this device at start-up
-- `eta_seconds`: remaining optimizer steps x the mean step time of the interval
+- `eta_seconds`: remaining optimizer steps x the interval's wall time per step (logging, evaluation
+  and saving included)
 
 and once, at the first log: `peak_tflops_spec` (when known) and `peak_tflops_measured`.
+Throughput and MFU need the Trainer's token counter (`include_num_input_tokens_seen`); with it off
+they are left out rather than logged as 0.
 
 FLOPs per token come from `telemetry/flops.py` (windows honoured per layer; causal context). With
 packed documents the real context is shorter than the block, so MFU is a slight overestimate there.
@@ -33,6 +36,12 @@ logger = logging.get_logger(__name__)
 
 
 def precision_of(args) -> str:
+    """The spec-table precision of the run's matmuls: the recipe's for fp8/fp4 recipes, else the autocast dtype."""
+    recipe = getattr(args, "precision", None)
+    if recipe in ("fp8", "te-fp8", "te-mxfp8"):
+        return "fp8"
+    if recipe == "te-nvfp4":
+        return "fp4"
     return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
 
 
@@ -49,7 +58,11 @@ class ThroughputCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.world_size = args.world_size
         config = getattr(model, "config", None)
-        self.flops_per_token = flops_per_token(config, self.seq_len) if hasattr(config, "num_hidden_layers") else None
+        try:
+            self.flops_per_token = flops_per_token(config, self.seq_len)
+        except (AttributeError, TypeError):  # not a Llama-like config: no FLOPs, so no MFU (never a made-up 0)
+            self.flops_per_token = None
+            logger.warning(f"MFU unavailable: no FLOPs-per-token formula for {type(config).__name__}.")
         precision = precision_of(args)
         name = device_name(args.device)
         self.spec = self.peak_tflops or spec_tflops(name, precision)
@@ -76,22 +89,25 @@ class ThroughputCallback(TrainerCallback):
     def metrics_for_log(self, state) -> dict[str, float]:
         """Metrics over the interval since the previous call (PretrainTrainer merges them into each training log)."""
         now = time.perf_counter()
-        start, tokens0, _ = self._interval
+        start, tokens0, step0 = self._interval
         self._interval = (now, state.num_input_tokens_seen, state.global_step)
-        rate = (state.num_input_tokens_seen - tokens0) / max(now - start, 1e-9)
-        per_rank = rate / self.world_size
-        metrics = {"tokens_per_second": rate, "tokens_per_second_per_rank": per_rank}
+        metrics: dict[str, float] = {}
         if self._step_times:
-            step = sum(self._step_times) / len(self._step_times)
-            metrics["step_time_s"] = step
-            metrics["eta_seconds"] = max(state.max_steps - state.global_step, 0) * step
+            metrics["step_time_s"] = sum(self._step_times) / len(self._step_times)
             self._step_times = []
-        if self.flops_per_token:
-            achieved = self.flops_per_token * per_rank / 1e12
-            metrics["model_tflops_per_second_per_rank"] = achieved
-            metrics.update(
-                {k: achieved / peak for k, peak in (("mfu_spec", self.spec), ("mfu_measured", self.measured)) if peak}
+        if state.global_step > step0:  # wall time per step: logging, evaluation and saving included
+            metrics["eta_seconds"] = (
+                max(state.max_steps - state.global_step, 0) * (now - start) / (state.global_step - step0)
             )
-        metrics.update(self._once)
-        self._once = {}
-        return metrics
+        tokens = state.num_input_tokens_seen - tokens0
+        if tokens > 0:  # with token counting off there is no throughput and no MFU, rather than a 0
+            rate = tokens / max(now - start, 1e-9)
+            per_rank = rate / self.world_size
+            metrics.update(tokens_per_second=rate, tokens_per_second_per_rank=per_rank)
+            if self.flops_per_token:
+                achieved = self.flops_per_token * per_rank / 1e12
+                metrics["model_tflops_per_second_per_rank"] = achieved
+                peaks = (("mfu_spec", self.spec), ("mfu_measured", self.measured))
+                metrics.update({k: achieved / peak for k, peak in peaks if peak})
+        once, self._once = self._once, {}
+        return {**metrics, **once}

@@ -8,7 +8,9 @@ no reason that would explain it (power cap, thermal or hardware slowdown, applic
 The warning names the rank and host and what to check; it is logged once per episode as
 `underclock_warning` (and so lands in the JSONL stream and the run report) and printed.
 
-Logs: `underclock_warning` (text, only when it fires).
+Logs (only when it fires; the first episode since the previous log): `underclock_warning` (text)
+and `underclock_rank` (numeric, for trackers that drop text). Other ranks' under-clock reaches
+rank 0's logs through the straggler exchange.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class UnderclockCallback(TrainerCallback):
         warning = underclock_warning(self.sensors.latest, self.threshold, self.min_utilization, args.process_index)
         if warning and not self._active:
             self.warnings.append((state.global_step, warning))
-            self._pending = {"underclock_warning": warning}
+            self._pending = self._pending or {"underclock_warning": warning, "underclock_rank": args.process_index}
             logger.warning(warning)
         self._active = warning is not None
 

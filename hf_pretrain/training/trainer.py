@@ -29,6 +29,7 @@ It is the one place where hf_pretrain attaches its callbacks, schedules and pref
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 from transformers import DataCollatorWithFlattening, Trainer
@@ -88,6 +89,17 @@ class PretrainTrainer(Trainer):
             self._pending_preflight_logs = {}
         super().log(logs, start_time)
 
+    def training_step(self, model, inputs, *args, **kwargs):
+        timers = [c for c in self.callback_handler.callbacks if hasattr(c, "record_micro_batch")] if self.extras else []
+        start = time.perf_counter()
+        for timer in timers:
+            timer.before_micro_batch()  # (the test knob's sleep counts as this rank's compute)
+        loss = super().training_step(model, inputs, *args, **kwargs)
+        end = time.perf_counter()
+        for timer in timers:
+            timer.record_micro_batch(start, end)
+        return loss
+
     def evaluate(self, *args, **kwargs):
         with high_precision(self.model):  # evaluation never runs the low-precision path
             return super().evaluate(*args, **kwargs)
@@ -114,7 +126,9 @@ class PretrainTrainer(Trainer):
         ]
         if get("telemetry", True):
             sensors = HardwareSensorsCallback(every=args.logging_steps if args.logging_strategy == "steps" else 10)
-            straggler = StragglerCallback(get("straggler_every", 20), get("straggler_threshold", 0.75), sensors)
+            straggler = StragglerCallback(
+                get("straggler_every", 20), get("straggler_threshold", 0.75), sensors, get("underclock_threshold", 0.6)
+            )
             straggler.trainer = self
             callbacks += [
                 sensors,

@@ -4,7 +4,7 @@ import pytest
 
 from hf_pretrain.cli import main as cli
 from hf_pretrain.report import render_report
-from hf_pretrain.report.dashboard import series, warnings_of
+from hf_pretrain.report.dashboard import episodes, series, warnings_of
 
 
 def write_run(path, records):
@@ -33,9 +33,14 @@ def two_node_records():
                 "rank1_compute_s": 7.2 if stuck else 3.9,
             }
         )
-    records[4]["straggler_warning"] = (
-        "rank 1 (node-b) 1.8x slower, SM 600/2190 MHz, no throttle flag; rank 0 waits 3.3 s of 7.2 s"
+    for record in records[4:]:  # a persistent straggler: one episode, not ten lines
+        record["straggler_warning"] = (
+            "rank 1 (node-b) 1.8x slower, SM 600/2190 MHz, no throttle flag; rank 0 waits 3.3 s of 7.2 s"
+        )
+    records[6]["underclock_warning"] = (
+        "rank 1 (node-b): SM clock 600/2520 MHz (24%) under load, no throttle reason set."
     )
+    records[-1]["loss"] = "nan"  # a NaN loss as the JSONL stream writes it
     return records
 
 
@@ -45,9 +50,14 @@ def test_report_draws_per_rank_series_and_marks_warnings(tmp_path):
     assert png.stat().st_size > 20_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = page.read_text()
     assert "rank 1 (node-b) 1.8x slower" in text and "data:image/png;base64," in text
+    assert text.count("straggler_warning") == 1 and "steps 50-100" in text and "underclock_warning" in text
     clocks = series(two_node_records(), r"^rank\d+_sm_clock_mhz$")
     assert clocks["rank1_sm_clock_mhz"][1][-1] == 600 and len(clocks["rank0_sm_clock_mhz"][0]) == 10
     assert warnings_of(two_node_records())[0][:2] == (50, "straggler_warning")
+    assert [e[:3] for e in episodes(two_node_records())] == [
+        (50, 100, "straggler_warning"),
+        (70, 70, "underclock_warning"),
+    ]
 
 
 def test_report_cli_and_missing_stream(tmp_path, capsys):

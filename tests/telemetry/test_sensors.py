@@ -54,11 +54,42 @@ def test_callback_warns_once_per_unavailable_sensor_and_logs_only_real_values(ca
     callback = HardwareSensorsCallback(every=1, sensors=NvmlSensors(nvml=FakeNvml(GB10)))
     callback.device = "cpu"
     callback.read()
+    first = callback.metrics_for_log(None)
     callback.read()
-    logged = callback.metrics_for_log(None)
-    assert all(v != 0 for k, v in logged.items() if k.startswith("gpu_") and isinstance(v, float))
+    second = callback.metrics_for_log(None)
+    assert "gpu_memory_used_gib: Not Supported" in first["sensors_unavailable"] and "sensors_unavailable" not in second
+    measured = {k: v for k, v in second.items() if k.startswith("gpu_") and k != "gpu_throttled"}
+    assert measured and all(v not in (0, "0") for v in measured.values())  # only what the device really reported
+    assert second["gpu_throttled"] == 0.0  # a real reading: no limiting reason set
     warnings = [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
-    assert sum("gpu_memory_used_gib" in w for w in warnings) <= 1
+    assert sum("gpu_memory_used_gib" in w for w in warnings) == 1
+
+
+def test_underclock_callback_warns_once_per_episode_and_names_the_rank():
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    from hf_pretrain.telemetry.underclock import UnderclockCallback
+
+    sensors = HardwareSensorsCallback(every=1, sensors=NvmlSensors(nvml=FakeNvml(GB10_STUCK)))
+    sensors.device = "cpu"
+    sensors.read()
+    callback, state, args = UnderclockCallback(sensors), TrainerState(), SimpleNamespace(process_index=1)
+    for step in (1, 2, 3):
+        state.global_step = step
+        callback.on_step_end(args, state, TrainerControl())
+    assert len(callback.warnings) == 1 and callback.warnings[0][0] == 1  # one episode, from its first step
+    logged = callback.metrics_for_log(state)
+    assert logged["underclock_rank"] == 1 and "rank 1" in logged["underclock_warning"]
+    assert callback.metrics_for_log(state) == {}
+    sensors.sensors = NvmlSensors(nvml=FakeNvml(GB10))  # the clock recovers, then drops again: a second episode
+    sensors.read()
+    callback.on_step_end(args, state, TrainerControl())
+    sensors.sensors = NvmlSensors(nvml=FakeNvml(GB10_STUCK))
+    sensors.read()
+    callback.on_step_end(args, state, TrainerControl())
+    assert len(callback.warnings) == 2
 
 
 def test_cpu_path_reads_the_process_for_real_and_marks_gpu_unavailable():
@@ -79,6 +110,13 @@ def test_underclock_rule_on_recorded_readings():
     assert underclock_warning({"process_rss_gib": 1.0}) is None  # no GPU sensors: nothing to judge
 
 
+def test_spec_names_do_not_match_inside_other_names():
+    from hf_pretrain.telemetry.peaks import spec_tflops
+
+    assert spec_tflops("NVIDIA L40", "bf16") == 181.0 and spec_tflops("NVIDIA L4", "bf16") == 121.0
+    assert spec_tflops("NVIDIA GB200", "bf16") == 2500.0 and spec_tflops("NVIDIA B200", "bf16") == 2250.0
+
+
 def test_jsonl_stream_keeps_every_log_line(tmp_path):
     from transformers import TrainerControl, TrainerState
 
@@ -88,3 +126,8 @@ def test_jsonl_stream_keeps_every_log_line(tmp_path):
     records = read_jsonl(tmp_path)
     assert records[0]["step"] == 3 and records[0]["loss"] == 1.5 and records[0]["grad_norm"] == "nan"
     assert json.loads((tmp_path / "telemetry.jsonl").read_text())["note"] == "x"
+
+
+def test_jsonl_reader_skips_what_a_dying_run_leaves(tmp_path):
+    (tmp_path / "telemetry.jsonl").write_text('{"step": 1, "loss": 2.0}\n[1, 2]\n{"loss": 3.0}\n{"step": 2, "lo')
+    assert read_jsonl(tmp_path) == [{"step": 1, "loss": 2.0}]
