@@ -34,6 +34,7 @@ from hf_pretrain.data import (
     pack_dataset,
     write_embedded_corpus,
 )
+from hf_pretrain.precision import high_precision
 from hf_pretrain.presets import PRESETS
 
 PROMPTS = ("The for statement", "A class definition", "If 5x + 3 = 13, then x is")
@@ -113,6 +114,8 @@ def resolve_dtype(model_args: ModelArguments, args: PretrainingArguments) -> tup
     if model_args.dtype not in ("auto", "fp32", "bf16"):
         raise ValueError(f"--dtype={model_args.dtype!r} is invalid; use auto, fp32 or bf16.")
     dtype = model_args.dtype
+    if args.precision is not None:  # a precision recipe decides the autocast dtype itself
+        return ("bf16" if args.bf16 else "fp32"), args
     if dtype == "auto":
         gpu_bf16 = not args.use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         dtype = "bf16" if args.bf16 or gpu_bf16 else "fp32"
@@ -231,7 +234,8 @@ def main(argv: list[str] | None = None) -> dict:
         n_params = sum(p.numel() for p in model.parameters())
         print(
             f"[model] preset {model_args.preset}: {n_params / 1e6:.2f} M parameters, layers {model.config.window_pattern!r}, "
-            f"{dtype}, {args.world_size} process(es) on {args.device.type}, attention {model.config.attention_backend}"
+            f"{dtype}{f' ({args.precision} recipe)' if args.precision else ''}, {args.world_size} process(es) on "
+            f"{args.device.type}, attention {model.config.attention_backend}"
         )
     result = trainer.train()
     trainer.save_model(args.output_dir)
@@ -255,7 +259,8 @@ def main(argv: list[str] | None = None) -> dict:
                 f"unigram entropy of the corpus {entropy:.3f} nats/token (perplexity {math.exp(entropy):.1f}): "
                 f"{entropy - summary['heldout_loss']:.3f} nats below"
             )
-        summary["samples"] = sample(trainer.model, tokenizer)
+        with high_precision(trainer.model):  # generation never runs the low-precision path
+            summary["samples"] = sample(trainer.model, tokenizer)
         for prompt, completion in summary["samples"].items():
             print(f"[sample] {prompt!r} -> {completion!r}")
         Path(args.output_dir, "pretrain_summary.json").write_text(json.dumps(summary, indent=2))

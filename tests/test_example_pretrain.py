@@ -105,6 +105,9 @@ def test_dtype_flag_sets_mixed_precision(tmp_path):
     model_args, _, args = example.parse_args(["--output_dir", str(tmp_path), "--dtype", "fp32", "--bf16"])
     dtype, args = example.resolve_dtype(model_args, args)
     assert dtype == "fp32" and not args.bf16 and args.mixed_precision == "no"
+    model_args, _, args = example.parse_args(["--output_dir", str(tmp_path), "--precision", "bf16", "--dtype", "fp32"])
+    dtype, args = example.resolve_dtype(model_args, args)  # the recipe decides
+    assert dtype == "bf16" and args.mixed_precision == "bf16"
     model_args, _, args = example.parse_args(["--output_dir", str(tmp_path)])  # auto on this CPU
     assert example.resolve_dtype(model_args, args)[0] == ("bf16" if torch.cuda.is_available() else "fp32")
 
