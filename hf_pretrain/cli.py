@@ -113,12 +113,13 @@ def trial(argv: list[str]) -> int:
     )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup-steps", type=int, default=5)
-    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--seq-len", type=int, default=None, help="default: the config's max_position_embeddings")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument(
         "--loss-tolerance", type=float, default=0.05, help="nats; recipes this close to the best loss qualify"
     )
     parser.add_argument("--out", default="trial", help="output directory for trial.json / trial.md")
+    parser.add_argument("--torch-compile", action="store_true", help="compile the model in every recipe")
     args = parser.parse_args(argv)
     result = run_trial(
         args.config,
@@ -129,6 +130,7 @@ def trial(argv: list[str]) -> int:
         args.batch_size,
         args.out,
         args.loss_tolerance,
+        torch_compile=args.torch_compile,
     )
     print(to_markdown(result))
     print(f"wrote {args.out}/trial.json and {args.out}/trial.md")

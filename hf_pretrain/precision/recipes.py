@@ -5,7 +5,7 @@
 | `fp32` | everything in fp32 | - |
 | `bf16` | autocast to bf16, fp32 master weights (the Trainer's `bf16=True`) | - |
 | `fp8` | PyTorch-native FP8 linears from torchao (`tensorwise` or `rowwise` scaling), bf16 elsewhere on a GPU | torchao; on a GPU compute capability >= 8.9 (on a CPU torchao emulates it, so its logic runs here) |
-| `te-fp8` | Transformer Engine `Linear` under `fp8_autocast`, `delayed` or `current` scaling | transformer_engine, CUDA, capability >= 8.9 |
+| `te-fp8` | Transformer Engine `Linear` under TE's autocast (forward hooks on the model), `delayed` or `current` scaling | transformer_engine, CUDA, capability >= 8.9 |
 | `te-mxfp8` | TE `Linear` with MXFP8 block scaling | transformer_engine, Blackwell (capability >= 10.0) |
 | `te-nvfp4` | TE `Linear` with NVFP4 block scaling | transformer_engine, Blackwell (capability >= 10.0) |
 
@@ -145,11 +145,17 @@ def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
-def _plain_linear(module: nn.Linear) -> nn.Linear:
+def _has_bias(module: nn.Module) -> bool:
+    # TE's Linear(bias=False) keeps an empty tensor as `bias`, not None
+    return isinstance(module.bias, nn.Parameter) and module.bias.numel() > 0
+
+
+def _plain_linear(module: nn.Module) -> nn.Linear:
     """A plain nn.Linear sharing `module`'s weight and bias tensors (no copy)."""
-    plain = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None, device="meta")
+    bias = _has_bias(module)
+    plain = nn.Linear(module.in_features, module.out_features, bias=bias, device="meta")
     plain.weight = module.weight
-    plain.bias = module.bias
+    plain.bias = module.bias if bias else None
     return plain
 
 
@@ -203,9 +209,17 @@ def _te_recipe(recipe: str, scaling: str):
     return te_recipe.DelayedScaling() if scaling == "delayed" else te_recipe.Float8CurrentScaling()
 
 
+def _te_autocast(te, fp8_recipe):
+    """TE's autocast context: `te.autocast(recipe=)` in current releases, `te.fp8_autocast(fp8_recipe=)` before."""
+    if hasattr(te, "autocast"):
+        return te.autocast(enabled=True, recipe=fp8_recipe)
+    return te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)
+
+
 def _apply_transformer_engine(model: nn.Module, chosen: set[str], recipe: str, scaling: str) -> None:
     import transformer_engine.pytorch as te
 
+    fp8_recipe = _te_recipe(recipe, scaling)  # first: a bad option must not leave a half-converted model
     for name in chosen:
         old = model.get_submodule(name)
         new = te.Linear(
@@ -219,15 +233,17 @@ def _apply_transformer_engine(model: nn.Module, chosen: set[str], recipe: str, s
         if old.bias is not None:
             new.bias = old.bias
         _swap(model, name, new)
-    fp8_recipe = _te_recipe(recipe, scaling)
-    original_forward = model.forward
+    # Hooks, not a replaced `forward`: the signature stays (the Trainer reads it), and copies keep working.
+    contexts = []
 
-    def forward(*args, **kwargs):
-        with te.fp8_autocast(enabled=getattr(model, "_low_precision_enabled", True), fp8_recipe=fp8_recipe):
-            return original_forward(*args, **kwargs)
+    def enter(module, args):
+        contexts.append(_te_autocast(te, fp8_recipe))
+        contexts[-1].__enter__()
 
-    model.forward = forward
-    model._te_original_forward = original_forward
+    def leave(module, args, output):
+        contexts.pop().__exit__(None, None, None)
+
+    model._te_hooks = (model.register_forward_pre_hook(enter), model.register_forward_hook(leave, always_call=True))
 
 
 def _converted_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -246,9 +262,9 @@ def remove_precision(model: nn.Module) -> list[tuple[str, nn.Module]]:
     removed = _converted_modules(model)
     for name, module in removed:
         _swap(model, name, _plain_linear(module))
-    if hasattr(model, "_te_original_forward"):
-        model.forward = model._te_original_forward
-        del model._te_original_forward
+    for handle in getattr(model, "_te_hooks", ()):
+        handle.remove()
+    model._te_hooks = ()
     return removed
 
 

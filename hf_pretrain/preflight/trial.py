@@ -13,12 +13,14 @@ cannot run here is listed with the reason, never dropped. `trial.json` and `tria
 to the output directory.
 
 N steps rank the recipes; they do not predict the hours a full run saves (warm-up, data, restarts
-and checkpointing are not in them).
+and checkpointing are not in them). For torchao's fp8, compile (`--torch-compile`) is what makes
+it fast on a GPU; rank compiled recipes against compiled ones.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -59,6 +61,7 @@ class TrialSpec:
     seed: int
     data_dir: str
     out_dir: str
+    torch_compile: bool = False
 
 
 def prepare_trial_data(config, out_dir: Path, seq_len: int) -> Path:
@@ -81,6 +84,11 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+def repeat_to(data, rows: int):
+    """`data` cycled up to `rows` rows when it has fewer (a long context leaves few blocks of a small corpus)."""
+    return data.select([i % len(data) for i in range(rows)]) if len(data) < rows else data
+
+
 def run_worker(spec: TrialSpec) -> dict:
     """Train one recipe (in this process) and return its row."""
     from datasets import load_from_disk
@@ -94,7 +102,7 @@ def run_worker(spec: TrialSpec) -> dict:
     config.max_position_embeddings = max(config.max_position_embeddings, spec.seq_len)
     data = load_from_disk(spec.data_dir)
     needed = spec.batch_size * (spec.steps + 1)
-    data = data.select(range(i % len(data)) for i in range(needed)) if len(data) < needed else data
+    data = repeat_to(data, needed)
     args = PretrainingArguments(
         output_dir=spec.out_dir,
         max_steps=spec.steps,
@@ -107,6 +115,7 @@ def run_worker(spec: TrialSpec) -> dict:
         disable_tqdm=True,
         attn_fallback="ignore",
         dataloader_num_workers=0,
+        torch_compile=spec.torch_compile,
     )
     trainer = PretrainTrainer(
         model=PretrainForCausalLM(config), args=args, train_dataset=data, data_collator=PackedDocumentCollator(1)
@@ -145,11 +154,13 @@ def run_trial(
     recipes: list[str],
     steps: int = 30,
     warmup_steps: int = 5,
-    seq_len: int = 256,
+    seq_len: int | None = None,
     batch_size: int = 8,
     out_dir: str | Path = "trial",
     loss_tolerance: float = 0.05,
     seed: int = 0,
+    torch_compile: bool = False,
+    timeout_s: float = 3600,
 ) -> dict:
     """Run every recipe in a fresh process; write trial.json / trial.md; return the result dict."""
     from ..precision.recipes import RECIPES, why_unavailable
@@ -162,6 +173,7 @@ def run_trial(
         raise ValueError(f"recipes={unknown} are unknown; use any of {list(RECIPES)}.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    seq_len = seq_len or load_config(config).max_position_embeddings  # the real config's context by default
     data_dir = prepare_trial_data(load_config(config), out, seq_len)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
@@ -171,21 +183,45 @@ def run_trial(
             rows.append({"recipe": recipe, "status": "unavailable", "reason": reason})
             continue
         spec = TrialSpec(
-            config, recipe, steps, warmup_steps, seq_len, batch_size, seed, str(data_dir), str(out / recipe)
+            config,
+            recipe,
+            steps,
+            warmup_steps,
+            seq_len,
+            batch_size,
+            seed,
+            str(data_dir),
+            str(out / recipe),
+            torch_compile,
         )
-        rows.append(_run_in_fresh_process(spec, out / f"{recipe}.json"))
+        rows.append(_run_in_fresh_process(spec, out / f"{recipe}.json", timeout_s))
     result = summarize(rows, steps, warmup_steps, loss_tolerance)
     (out / "trial.json").write_text(json.dumps(result, indent=2))
     (out / "trial.md").write_text(to_markdown(result))
     return result
 
 
-def _run_in_fresh_process(spec: TrialSpec, result_path: Path) -> dict:
+def _run_in_fresh_process(spec: TrialSpec, result_path: Path, timeout_s: float) -> dict:
+    """One recipe in a new interpreter on one device; its output goes to RECIPE.log beside the result."""
     cmd = [sys.executable, "-m", "hf_pretrain.preflight.trial", json.dumps(asdict(spec)), str(result_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ)
+    if torch.cuda.device_count() > 1:  # one device: the Trainer would otherwise wrap the model in DataParallel
+        env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    log = result_path.with_suffix(".log")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired as err:
+        log.write_text(f"{err.stdout or ''}\n{err.stderr or ''}")
+        return {"recipe": spec.recipe, "status": "failed", "reason": f"timed out after {timeout_s:.0f} s (see {log})"}
+    log.write_text(proc.stdout + "\n" + proc.stderr)
     if proc.returncode != 0 or not result_path.exists():
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"recipe": spec.recipe, "status": "failed", "reason": f"exit {proc.returncode}: {tail[0][:300]}"}
+        cause = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
+        errors = [line for line in proc.stderr.splitlines() if "Error" in line] or proc.stderr.strip().splitlines()[-1:]
+        return {
+            "recipe": spec.recipe,
+            "status": "failed",
+            "reason": f"{cause}: {(errors or ['no output'])[-1][:300]} (see {log})",
+        }
     return json.loads(result_path.read_text())
 
 

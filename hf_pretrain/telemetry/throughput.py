@@ -73,6 +73,11 @@ class ThroughputCallback(TrainerCallback):
             )
         if self.measure_ceiling:
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+            if precision in (
+                "fp8",
+                "fp4",
+            ):  # the recipes keep bf16 around their matmuls on a GPU; CPU emulation is fp32
+                dtype = torch.bfloat16 if args.bf16 else torch.float32
             self.measured = measure_matmul_tflops(args.device, dtype).tflops
         self._once = {
             k: round(v, 2) for k, v in (("peak_tflops_spec", self.spec), ("peak_tflops_measured", self.measured)) if v

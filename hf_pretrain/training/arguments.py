@@ -108,6 +108,10 @@ class PretrainingArguments(TrainingArguments):
 
             if self.precision not in RECIPES:
                 raise ValueError(f"precision={self.precision!r} is invalid; use one of {list(RECIPES)}.")
+            if not self.pretrain_extras and self.precision not in ("fp32", "bf16"):
+                raise ValueError(
+                    f"precision={self.precision!r} is applied by PretrainTrainer's extras: keep pretrain_extras=True."
+                )
             # Autocast around the low-precision linears: bf16 on a GPU; on a CPU fp8 is emulated around fp32.
             self.bf16 = self.precision == "bf16" or (self.precision != "fp32" and accelerator_available())
             self.fp16 = False

@@ -104,6 +104,10 @@ class PretrainTrainer(Trainer):
         with high_precision(self.model):  # evaluation never runs the low-precision path
             return super().evaluate(*args, **kwargs)
 
+    def predict(self, *args, **kwargs):
+        with high_precision(self.model):
+            return super().predict(*args, **kwargs)
+
     def _save(self, output_dir: str | None = None, state_dict=None):
         with high_precision(self.model):  # plain weights that load without torchao or TE
             return super()._save(output_dir, state_dict)

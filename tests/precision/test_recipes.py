@@ -31,13 +31,15 @@ def test_fp8_linear_output_and_gradients_are_close_to_fp32(scaling):
     fp8 = copy.deepcopy(reference)
     report = apply_precision(fp8, "fp8", scaling=scaling, device="cpu")
     assert len(report.converted) == 2 and type(fp8[0]).__name__ == "Float8Linear"
-    x = torch.randn(64, 128)
-    out_ref, out_fp8 = reference(x), fp8(x)
+    x_ref = torch.randn(64, 128, requires_grad=True)
+    x_fp8 = x_ref.detach().clone().requires_grad_()
+    out_ref, out_fp8 = reference(x_ref), fp8(x_fp8)
     assert 0 < rel_err(out_fp8, out_ref) < FP8_REL_ERR  # not identical (it is fp8) but close
     out_ref.square().sum().backward()
     out_fp8.square().sum().backward()
     for p_ref, p_fp8 in zip(reference.parameters(), fp8.parameters()):
-        assert rel_err(p_fp8.grad, p_ref.grad) < 2 * FP8_REL_ERR
+        assert rel_err(p_fp8.grad, p_ref.grad) < FP8_REL_ERR
+    assert rel_err(x_fp8.grad, x_ref.grad) < FP8_REL_ERR
 
 
 def test_swap_and_unswap_round_trip_is_exact():
@@ -120,3 +122,120 @@ def test_precision_argument_sets_mixed_precision_for_the_trainer():
     assert (
         fp8.bf16 == torch.cuda.is_available()
     )  # fp8 linears inside bf16 autocast on a GPU; emulated around fp32 on CPU
+
+
+def test_trainer_saves_plain_weights_and_evaluates_on_plain_linears(tmp_path):
+    from datasets import Dataset
+
+    from hf_pretrain import PretrainTrainer
+    from hf_pretrain.data import PackedDocumentCollator
+
+    torch.manual_seed(0)
+    data = Dataset.from_dict({"input_ids": torch.randint(2, 128, (16, 32)).tolist()})
+    args = PretrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        report_to="none",
+        save_strategy="no",
+        precision="fp8",
+        disable_tqdm=True,
+        measure_peak_tflops=False,
+    )
+    model = PretrainForCausalLM(small_config(hidden_size=128, intermediate_size=256))
+    trainer = PretrainTrainer(
+        model=model, args=args, train_dataset=data, eval_dataset=data, data_collator=PackedDocumentCollator(1)
+    )
+    assert trainer.precision_report.converted
+    seen = []
+    hook = model.register_forward_pre_hook(
+        lambda m, a: seen.append(any(type(x).__name__ == "Float8Linear" for x in m.modules()))
+    )
+    trainer.train()
+    trainer.evaluate()
+    hook.remove()
+    assert seen[0] is True and seen[-1] is False  # training on fp8 linears, evaluation on plain ones
+    trainer.save_model(str(tmp_path / "saved"))
+    plain = PretrainForCausalLM.from_pretrained(tmp_path / "saved")
+    for (name, p), (_, q) in zip(model.named_parameters(), plain.named_parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
+
+
+def fake_transformer_engine(monkeypatch):
+    """A stand-in for transformer_engine with TE's documented Linear / autocast / recipe surface."""
+    import sys
+    import types
+
+    entered = []
+
+    class Linear(nn.Module):
+        def __init__(self, in_features, out_features, bias=True, params_dtype=None, device=None):
+            super().__init__()
+            self.in_features, self.out_features = in_features, out_features
+            self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=params_dtype, device=device))
+            self.bias = nn.Parameter(torch.zeros(out_features)) if bias else torch.Tensor()  # TE keeps an empty tensor
+
+        def forward(self, x):
+            assert entered and entered[-1] == "in", "TE Linear called outside autocast"
+            return nn.functional.linear(x, self.weight, self.bias if self.bias.numel() else None)
+
+    class Autocast:
+        def __init__(self, enabled=True, recipe=None):
+            self.recipe = recipe
+
+        def __enter__(self):
+            entered.append("in")
+
+        def __exit__(self, *exc):
+            entered.append("out")
+
+    Linear.__module__ = "transformer_engine.pytorch.module.linear"
+    pytorch = types.ModuleType("transformer_engine.pytorch")
+    pytorch.Linear, pytorch.autocast = Linear, Autocast
+    recipe = types.ModuleType("transformer_engine.common.recipe")
+    for name in ("DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "NVFP4BlockScaling"):
+        setattr(recipe, name, type(name, (), {}))
+    common = types.ModuleType("transformer_engine.common")
+    common.recipe = recipe
+    root = types.ModuleType("transformer_engine")
+    root.pytorch, root.common = pytorch, common
+    for name, module in {
+        "transformer_engine": root,
+        "transformer_engine.pytorch": pytorch,
+        "transformer_engine.common": common,
+        "transformer_engine.common.recipe": recipe,
+    }.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return entered
+
+
+def test_transformer_engine_path_keeps_the_signature_and_unswaps_bias_free_linears(monkeypatch):
+    import inspect
+
+    from hf_pretrain.precision.recipes import _apply_transformer_engine
+
+    entered = fake_transformer_engine(monkeypatch)
+    torch.manual_seed(0)
+    model = PretrainForCausalLM(small_config(hidden_size=128, intermediate_size=256))
+    ids = torch.randint(0, 128, (1, 8))
+    with torch.no_grad():
+        before = model(ids).logits
+    signature = inspect.signature(model.forward)
+    chosen = {d.name for d in select_linears(model) if d.converted}
+    with pytest.raises(ValueError, match="scaling='rowwise' is invalid"):
+        _apply_transformer_engine(model, chosen, "te-fp8", "rowwise")
+    assert not any(
+        type(m).__name__ == "Linear" and type(m).__module__.startswith("transformer_engine") for m in model.modules()
+    )
+    _apply_transformer_engine(model, chosen, "te-fp8", "current")
+    assert inspect.signature(model.forward) == signature  # the Trainer reads it to keep input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, before)  # ran inside the autocast hooks
+    assert entered[-2:] == ["in", "out"]
+    with high_precision(model), torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, before)  # bias-free TE linears swap back to plain ones
+    remove_precision(model)
+    entered.clear()
+    with torch.no_grad():
+        model(ids)
+    assert entered == []  # hooks gone with the TE modules

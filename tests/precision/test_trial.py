@@ -35,6 +35,8 @@ def test_trial_command_end_to_end_on_cpu(tmp_path, capsys):
     rows = {r["recipe"]: r for r in result["rows"]}
     assert [r["recipe"] for r in result["rows"]] == ["fp32", "fp8", "te-nvfp4"]  # order kept, nothing dropped
     assert all(set(r) == set(COLUMNS) for r in result["rows"])  # every row has every column
+    measured = [c for c in COLUMNS if c not in ("reason", "mfu_spec", "mean_power_w")]
+    assert all(rows[r][c] is not None for r in ("fp32", "fp8") for c in measured)  # ...filled where it ran
     for recipe in ("fp32", "fp8"):
         row = rows[recipe]
         assert row["status"] == "ok" and row["median_step_s"] > 0 and row["tokens_per_second"] > 0
@@ -76,3 +78,13 @@ def test_bad_trial_arguments(tmp_path):
         run_trial("tiny", ["fp32"], steps=5, warmup_steps=5, out_dir=tmp_path)
     with pytest.raises(ValueError, match=r"recipes=\['int4'\] are unknown"):
         run_trial("tiny", ["int4"], out_dir=tmp_path)
+
+
+def test_a_small_corpus_is_repeated_to_fill_the_steps():
+    from datasets import Dataset
+
+    from hf_pretrain.preflight.trial import repeat_to
+
+    data = Dataset.from_dict({"input_ids": [[1], [2], [3]]})
+    assert repeat_to(data, 7)["input_ids"] == [[1], [2], [3], [1], [2], [3], [1]]
+    assert len(repeat_to(data, 2)) == 3
