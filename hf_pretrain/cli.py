@@ -137,7 +137,43 @@ def trial(argv: list[str]) -> int:
     return 0 if result["recommendation"] else 1
 
 
-COMMANDS = {"doctor": doctor, "advise-restart": advise_restart_cli, "report": report, "trial": trial}
+def plot_schedule_cli(argv: list[str]) -> int:
+    from .training.schedules import Restart, cosine_restarts_factor, plot_schedule, wsd_factor
+
+    parser = argparse.ArgumentParser(prog="hf-pretrain plot-schedule", description="PNG of a learning-rate schedule.")
+    parser.add_argument("--type", choices=["cosine_restarts", "wsd"], default="cosine_restarts")
+    parser.add_argument("--total-tokens", type=float, required=True, help="e.g. 100e9")
+    parser.add_argument("--tokens-per-step", type=float, default=None, help="adds an optimizer-step axis")
+    parser.add_argument("--warmup", type=float, default=0.008, help="fraction of the run (default 0.8 %%)")
+    parser.add_argument("--peak-lr", type=float, default=3e-4)
+    parser.add_argument("--floor", type=float, default=0.1, help="fraction of the peak at the end")
+    parser.add_argument(
+        "--restart", action="append", default=[], help="AT_TOKENS:REBOUND[:WARMUP_TOKENS], e.g. 30e9:0.3"
+    )
+    parser.add_argument("--decay-fraction", type=float, default=0.2, help="wsd: the decaying tail")
+    parser.add_argument("--shape", default="1-sqrt", help="wsd decay: linear, cosine, 1-sqrt")
+    parser.add_argument("--out", default="schedule.png")
+    args = parser.parse_args(argv)
+    total, warmup = args.total_tokens, args.warmup * args.total_tokens
+    if args.type == "wsd":
+        factor = lambda t: wsd_factor(t, total, warmup, args.decay_fraction, args.floor, args.shape)  # noqa: E731
+    else:
+        restarts = [Restart(*map(float, r.split(":"))) for r in args.restart]
+        factor = lambda t: cosine_restarts_factor(t, total, warmup, args.floor, restarts)  # noqa: E731
+    title = f"{args.type}: peak {args.peak_lr:g}, warmup {args.warmup:.1%}, floor {args.floor:.0%} of peak"
+    title += f", restarts {', '.join(args.restart)}" if args.restart and args.type != "wsd" else ""
+    title += f", decay {args.decay_fraction:.0%} {args.shape}" if args.type == "wsd" else ""
+    print(f"wrote {plot_schedule(factor, total, args.peak_lr, args.out, args.tokens_per_step, title)}")
+    return 0
+
+
+COMMANDS = {
+    "doctor": doctor,
+    "advise-restart": advise_restart_cli,
+    "report": report,
+    "trial": trial,
+    "plot-schedule": plot_schedule_cli,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

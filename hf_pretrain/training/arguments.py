@@ -14,6 +14,8 @@ the same command line a transformers user already writes. Differences:
   `bf16` itself, so accelerate's mixed precision follows.
 - `ddp_find_unused_parameters` and `ddp_broadcast_buffers` default to False: every parameter is
   used and the only buffers (RoPE frequencies) are constant, so both would cost a step-time sync.
+- `lr_scheduler_type` also takes hf_pretrain's `cosine_restarts` and `wsd` (see `schedules.py`),
+  configured through `lr_scheduler_kwargs` like transformers' own.
 - `use_cpu` defaults to `None` = auto: True when torch sees no accelerator, so a CPU-only machine
   trains on CPU (gloo for several processes) without a flag.
 """
@@ -73,6 +75,12 @@ class PretrainingArguments(TrainingArguments):
     precision_keep_first_last: bool = field(
         default=False, metadata={"help": "Keep the first and last decoder blocks in high precision."}
     )
+    lr_scheduler_type: str = field(
+        default="linear",
+        metadata={
+            "help": "transformers' schedules, or hf_pretrain's 'cosine_restarts' / 'wsd' (options in lr_scheduler_kwargs)."
+        },
+    )
     telemetry: bool = field(
         default=True,
         metadata={"help": "Hardware sensors, under-clock and straggler detection, and OUTPUT_DIR/telemetry.jsonl."},
@@ -115,6 +123,11 @@ class PretrainingArguments(TrainingArguments):
             # Autocast around the low-precision linears: bf16 on a GPU; on a CPU fp8 is emulated around fp32.
             self.bf16 = self.precision == "bf16" or (self.precision != "fp32" and accelerator_available())
             self.fp16 = False
+        from .schedules import SCHEDULES
+
+        self.pretrain_schedule = self.lr_scheduler_type if self.lr_scheduler_type in SCHEDULES else None
+        if self.pretrain_schedule:  # transformers validates the name against its own list: PretrainTrainer builds ours
+            self.lr_scheduler_type = "constant"
         if self.include_num_input_tokens_seen is None:
             self.include_num_input_tokens_seen = "non_padding" if self.pretrain_extras else "no"
         if self.use_cpu is None:  # extras off: transformers' default

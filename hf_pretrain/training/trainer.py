@@ -44,6 +44,7 @@ from ..telemetry.straggler import StragglerCallback
 from ..telemetry.throughput import ThroughputCallback
 from ..telemetry.underclock import UnderclockCallback
 from .arguments import PretrainingArguments
+from .schedules import build_schedule
 
 
 class PretrainTrainer(Trainer):
@@ -103,6 +104,21 @@ class PretrainTrainer(Trainer):
     def evaluate(self, *args, **kwargs):
         with high_precision(self.model):  # evaluation never runs the low-precision path
             return super().evaluate(*args, **kwargs)
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        name = getattr(self.args, "pretrain_schedule", None)
+        if name is None or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        self.lr_scheduler = build_schedule(
+            name,
+            optimizer or self.optimizer,
+            num_training_steps,
+            self.args.get_warmup_steps(num_training_steps),
+            self.args.lr_scheduler_kwargs,
+            tokens_seen=lambda: self.state.num_input_tokens_seen,
+        )
+        self._created_lr_scheduler = True
+        return self.lr_scheduler
 
     def predict(self, *args, **kwargs):
         with high_precision(self.model):
