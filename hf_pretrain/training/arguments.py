@@ -81,6 +81,10 @@ class PretrainingArguments(TrainingArguments):
             "help": "transformers' schedules, or hf_pretrain's 'cosine_restarts' / 'wsd' (options in lr_scheduler_kwargs)."
         },
     )
+    pretrain_schedule: str | None = field(
+        default=None,
+        metadata={"help": "Set from lr_scheduler_type when it names an hf_pretrain schedule (cosine_restarts, wsd)."},
+    )
     telemetry: bool = field(
         default=True,
         metadata={"help": "Hardware sensors, under-clock and straggler detection, and OUTPUT_DIR/telemetry.jsonl."},
@@ -125,7 +129,10 @@ class PretrainingArguments(TrainingArguments):
             self.fp16 = False
         from .schedules import SCHEDULES
 
-        self.pretrain_schedule = self.lr_scheduler_type if self.lr_scheduler_type in SCHEDULES else None
+        if self.lr_scheduler_type in SCHEDULES:
+            self.pretrain_schedule = self.lr_scheduler_type
+        if self.pretrain_schedule is not None and self.pretrain_schedule not in SCHEDULES:
+            raise ValueError(f"pretrain_schedule={self.pretrain_schedule!r} is invalid; use one of {list(SCHEDULES)}.")
         if self.pretrain_schedule:  # transformers validates the name against its own list: PretrainTrainer builds ours
             self.lr_scheduler_type = "constant"
         if self.include_num_input_tokens_seen is None:

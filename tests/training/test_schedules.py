@@ -124,3 +124,11 @@ def test_plot_schedule_writes_a_png(tmp_path, capsys):
         == 0
     )
     assert out.read_bytes()[:4] == b"\x89PNG" and "wrote" in capsys.readouterr().out
+
+
+def test_the_schedule_survives_rebuilding_the_arguments():
+    import dataclasses
+
+    args = PretrainingArguments(output_dir="unused", lr_scheduler_type="cosine_restarts")
+    rebuilt = dataclasses.replace(args, bf16=False)  # what examples/pretrain.py does to settle the dtype
+    assert rebuilt.pretrain_schedule == "cosine_restarts"
