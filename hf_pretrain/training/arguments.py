@@ -85,6 +85,12 @@ class PretrainingArguments(TrainingArguments):
         default=None,
         metadata={"help": "Set from lr_scheduler_type when it names an hf_pretrain schedule (cosine_restarts, wsd)."},
     )
+    loss_guard: bool = field(
+        default=True, metadata={"help": "Skip updates with a NaN/inf loss or gradient; watch for loss spikes."}
+    )
+    loss_spike_factor: float = field(default=3.0, metadata={"help": "A spike: loss above this x the running median."})
+    loss_spike_window: int = field(default=20, metadata={"help": "Good steps in the running median."})
+    loss_spike_action: str = field(default="log", metadata={"help": "On a spike: log, skip (the update) or stop."})
     telemetry: bool = field(
         default=True,
         metadata={"help": "Hardware sensors, under-clock and straggler detection, and OUTPUT_DIR/telemetry.jsonl."},

@@ -20,6 +20,8 @@ With extras on (the default) it:
   writes `preflight.json` to the output dir and applies `args.attn_fallback` (warn / error /
   ignore). A fallback warning is repeated in the first logged metrics as `attention_fallback`,
   with `attention_step_cost_vs_best` (estimated step time against the best kernels here).
+- guards every update (`LossGuardCallback`): a NaN/inf loss or gradient skips the optimizer step,
+  a loss spike is logged, skipped or stops the run (`args.loss_spike_action`);
 - applies `args.precision` (`hf_pretrain.precision`): converts the selected linears before the
   optimizer exists, prints which were converted or kept and why, and runs `evaluate()` and saving
   with plain linears (`high_precision`).
@@ -44,6 +46,7 @@ from ..telemetry.straggler import StragglerCallback
 from ..telemetry.throughput import ThroughputCallback
 from ..telemetry.underclock import UnderclockCallback
 from .arguments import PretrainingArguments
+from .loss_guard import LossGuardCallback, injected
 from .schedules import build_schedule
 
 
@@ -54,8 +57,18 @@ class PretrainTrainer(Trainer):
         self.attention_report: AttentionReport | None = None
         self._pending_preflight_logs: dict = {}
         self.precision_report = None
+        self.loss_guard = None
         if not self.extras:
             return
+        if getattr(self.args, "loss_guard", True):
+            self.loss_guard = LossGuardCallback(
+                getattr(self.args, "loss_spike_factor", 3.0),
+                getattr(self.args, "loss_spike_window", 20),
+                getattr(self.args, "loss_spike_action", "log"),
+                self.args.output_dir,
+            )
+            self.loss_guard.model = self.model
+            self.add_callback(self.loss_guard)
         if getattr(self.args, "precision", None) in LOW_PRECISION:
             self.precision_report = apply_precision(
                 self.model,
@@ -99,7 +112,34 @@ class PretrainTrainer(Trainer):
         end = time.perf_counter()
         for timer in timers:
             timer.record_micro_batch(start, end)
+        if self.loss_guard is not None:
+            self.loss_guard.record_loss(loss)
         return loss
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        result = super().compute_loss(model, inputs, *args, **kwargs)
+        kind = injected(self.state.global_step + 1) if self.extras and model.training else None
+        if kind is None:  # the test-only knob of the loss guard
+            return result
+        loss = result[0] if isinstance(result, tuple) else result
+        loss = loss * float("nan") if kind == "nan" else loss * 50.0
+        return (loss, *result[1:]) if isinstance(result, tuple) else loss
+
+    def create_optimizer(self, *args, **kwargs):
+        optimizer = super().create_optimizer(*args, **kwargs)
+        guard = self.loss_guard
+        if guard is not None and not getattr(optimizer, "_loss_guarded", False):
+            step = optimizer.step
+
+            def guarded_step(*step_args, **step_kwargs):
+                if guard.skip_next_update:  # a NaN/inf or spiking step: no update at all
+                    guard.skip_next_update = False
+                    return None
+                return step(*step_args, **step_kwargs)
+
+            optimizer.step = guarded_step
+            optimizer._loss_guarded = True
+        return optimizer
 
     def evaluate(self, *args, **kwargs):
         with high_precision(self.model):  # evaluation never runs the low-precision path

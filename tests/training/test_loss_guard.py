@@ -1,0 +1,73 @@
+import json
+
+import pytest
+import torch
+
+from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
+from hf_pretrain.training.loss_guard import LossSpikeError
+from tests.conftest import small_config
+from tests.training.test_trainer import dataset
+
+
+def run(tmp_path, monkeypatch, inject, **extra):
+    monkeypatch.setenv("HF_PRETRAIN_TEST_LOSS_INJECT", inject)
+    torch.manual_seed(0)
+    args = PretrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=12,
+        per_device_train_batch_size=4,
+        learning_rate=3e-3,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        measure_peak_tflops=False,
+        loss_spike_window=5,
+        **extra,
+    )
+    trainer = PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args, train_dataset=dataset())
+    return trainer
+
+
+def params_finite(model):
+    return all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_nan_step_is_skipped_and_training_goes_on(tmp_path, monkeypatch):
+    trainer = run(tmp_path, monkeypatch, "3:nan")
+    snapshots = {}
+
+    class Snapshot(__import__("transformers").TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            snapshots[state.global_step] = [p.detach().clone() for p in trainer.model.parameters()]
+
+    trainer.add_callback(Snapshot())
+    trainer.train()
+    assert params_finite(trainer.model) and trainer.loss_guard.skipped == 1
+    assert all(torch.equal(a, b) for a, b in zip(snapshots[2], snapshots[3]))  # step 3 changed nothing
+    assert not all(torch.equal(a, b) for a, b in zip(snapshots[3], snapshots[4]))  # step 4 trained again
+    events = [json.loads(line) for line in (tmp_path / "loss_guard.jsonl").read_text().splitlines()]
+    assert events == [{"step": 3, "kind": "nonfinite", "loss": "nan", "median": None, "action": "skip"}]
+    logs = [h for h in trainer.state.log_history if "loss_guard_skipped" in h]
+    assert logs[-1]["loss_guard_skipped"] == 1 and any("nonfinite" in h.get("loss_guard_event", "") for h in logs)
+
+
+def test_without_the_guard_the_same_nan_ruins_the_weights(tmp_path, monkeypatch):
+    trainer = run(tmp_path, monkeypatch, "3:nan", loss_guard=False)
+    trainer.train()
+    assert not params_finite(trainer.model)  # what the guard prevents
+
+
+@pytest.mark.parametrize("action, skipped", [("log", 0), ("skip", 1)])
+def test_spikes_are_caught_against_the_running_median(tmp_path, monkeypatch, action, skipped):
+    trainer = run(tmp_path, monkeypatch, "9:spike", loss_spike_action=action)
+    trainer.train()
+    events = [json.loads(line) for line in (tmp_path / "loss_guard.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["kind"], e["action"]) for e in events] == [(9, "spike", action)]
+    assert events[0]["loss"] > 3 * events[0]["median"] and trainer.loss_guard.skipped == skipped
+
+
+def test_stop_raises_a_typed_error(tmp_path, monkeypatch):
+    trainer = run(tmp_path, monkeypatch, "9:spike", loss_spike_action="stop")
+    with pytest.raises(LossSpikeError, match="at step 9"):
+        trainer.train()
