@@ -18,3 +18,11 @@ def small_config(**overrides) -> PretrainConfig:
         max_position_embeddings=256,
     )
     return PretrainConfig(**{**shape, **overrides})
+
+
+def quick_args(output_dir, **overrides):
+    """PretrainingArguments for a short test run: no reporting, no checkpoints, no progress bar, a log per step."""
+    from hf_pretrain import PretrainingArguments
+
+    defaults = dict(report_to="none", save_strategy="no", disable_tqdm=True, logging_steps=1)
+    return PretrainingArguments(output_dir=str(output_dir), **{**defaults, **overrides})

@@ -58,6 +58,7 @@ class PretrainTrainer(Trainer):
         self._pending_preflight_logs: dict = {}
         self.precision_report = None
         self.loss_guard = None
+        self._micro_batch_timers: list = []
         if not self.extras:
             return
         if getattr(self.args, "loss_guard", True):
@@ -104,7 +105,7 @@ class PretrainTrainer(Trainer):
         super().log(logs, start_time)
 
     def training_step(self, model, inputs, *args, **kwargs):
-        timers = [c for c in self.callback_handler.callbacks if hasattr(c, "record_micro_batch")] if self.extras else []
+        timers = self._micro_batch_timers  # found once per train(), not per micro-batch
         start = time.perf_counter()
         for timer in timers:
             timer.before_micro_batch()  # (the test knob's sleep counts as this rank's compute)
@@ -198,6 +199,7 @@ class PretrainTrainer(Trainer):
             ]
         for callback in callbacks:
             self.add_callback(callback)
+        self._micro_batch_timers = [c for c in callbacks if hasattr(c, "record_micro_batch")]
 
     def packed_documents(self) -> bool:
         """Whether training batches hold several documents per row (position ids restarting)."""

@@ -13,7 +13,7 @@ from hf_pretrain.precision import (
     remove_precision,
 )
 from hf_pretrain.precision.recipes import select_linears, why_unavailable
-from tests.conftest import small_config
+from tests.conftest import quick_args, small_config
 
 pytest.importorskip("torchao", reason="the fp8 recipe runs through torchao")
 
@@ -132,14 +132,11 @@ def test_trainer_saves_plain_weights_and_evaluates_on_plain_linears(tmp_path):
 
     torch.manual_seed(0)
     data = Dataset.from_dict({"input_ids": torch.randint(2, 128, (16, 32)).tolist()})
-    args = PretrainingArguments(
-        output_dir=str(tmp_path),
+    args = quick_args(
+        tmp_path,
         max_steps=2,
         per_device_train_batch_size=4,
-        report_to="none",
-        save_strategy="no",
         precision="fp8",
-        disable_tqdm=True,
         measure_peak_tflops=False,
     )
     model = PretrainForCausalLM(small_config(hidden_size=128, intermediate_size=256))

@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
-from hf_pretrain import PretrainConfig, PretrainForCausalLM, PretrainingArguments, PretrainTrainer, get_preset
+from hf_pretrain import PretrainConfig, PretrainForCausalLM, PretrainTrainer, get_preset
 from hf_pretrain.data import PackedDocumentCollator
 from hf_pretrain.modeling.attention import Environment, LayerNeed, best_backend, choose_backend
 from hf_pretrain.preflight.attention import AttentionFallbackError, attention_preflight, enforce_attention_policy
-from tests.conftest import small_config
+from tests.conftest import quick_args, small_config
 from tests.training.test_trainer import dataset
 
 NO_KERNELS = {"flash_attn_interface": None, "flash_attn": None}
@@ -103,15 +103,11 @@ def test_policies_write_preflight_json_and_warn_or_refuse(tmp_path, capsys):
 def trainer(tmp_path, backend, policy):
     torch.manual_seed(0)
     model = PretrainForCausalLM(small_config(window_pattern="SL", sliding_window=8, attention_backend=backend))
-    args = PretrainingArguments(
-        output_dir=str(tmp_path),
+    args = quick_args(
+        tmp_path,
         max_steps=3,
         per_device_train_batch_size=4,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
         attn_fallback=policy,
-        disable_tqdm=True,
     )
     return PretrainTrainer(model=model, args=args, train_dataset=dataset(), data_collator=PackedDocumentCollator(1))
 

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
+from hf_pretrain import PretrainForCausalLM, PretrainTrainer
 from hf_pretrain.cli import main as cli
 from hf_pretrain.data import PackedDocumentCollator
-from tests.conftest import small_config
+from tests.conftest import quick_args, small_config
 from tests.training.test_trainer import dataset
 
 
@@ -30,16 +30,13 @@ def test_cli(capsys):
 def run(tmp_path, backend, steps, resume=None):
     torch.manual_seed(0)
     config = small_config(window_pattern="SL", sliding_window=8, attention_backend=backend)
-    args = PretrainingArguments(
-        output_dir=str(tmp_path),
+    args = quick_args(
+        tmp_path,
         max_steps=steps,
         per_device_train_batch_size=4,
-        logging_steps=1,
-        report_to="none",
         save_strategy="steps",
         save_steps=3,
         seed=3,
-        disable_tqdm=True,
         learning_rate=3e-3,
     )
     trainer = PretrainTrainer(

@@ -3,8 +3,8 @@
 import torch
 from transformers import TrainerCallback, default_data_collator
 
-from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
-from tests.conftest import small_config
+from hf_pretrain import PretrainForCausalLM, PretrainTrainer
+from tests.conftest import quick_args, small_config
 from tests.training.test_trainer import dataset
 
 
@@ -20,15 +20,12 @@ class GradCapture(TrainerCallback):
 def first_step_grads(tmp_path, batch, accumulation):
     torch.manual_seed(0)
     model = PretrainForCausalLM(small_config())
-    args = PretrainingArguments(
-        output_dir=str(tmp_path),
+    args = quick_args(
+        tmp_path,
         max_steps=1,
         per_device_train_batch_size=batch,
         gradient_accumulation_steps=accumulation,
         max_grad_norm=0.0,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
         measure_peak_tflops=False,
         seed=5,
         telemetry=False,

@@ -3,24 +3,20 @@ import json
 import pytest
 import torch
 
-from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
+from hf_pretrain import PretrainForCausalLM, PretrainTrainer
 from hf_pretrain.training.loss_guard import LossSpikeError
-from tests.conftest import small_config
+from tests.conftest import quick_args, small_config
 from tests.training.test_trainer import dataset
 
 
 def run(tmp_path, monkeypatch, inject, **extra):
     monkeypatch.setenv("HF_PRETRAIN_TEST_LOSS_INJECT", inject)
     torch.manual_seed(0)
-    args = PretrainingArguments(
-        output_dir=str(tmp_path),
+    args = quick_args(
+        tmp_path,
         max_steps=12,
         per_device_train_batch_size=4,
         learning_rate=3e-3,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
         measure_peak_tflops=False,
         loss_spike_window=5,
         **extra,

@@ -12,7 +12,7 @@ from hf_pretrain.training.schedules import (
     get_wsd_schedule,
     wsd_factor,
 )
-from tests.conftest import small_config
+from tests.conftest import quick_args, small_config
 from tests.training.test_trainer import dataset
 
 B = 1e9
@@ -84,15 +84,11 @@ def test_bad_options_name_the_key():
 
 
 def test_by_name_through_pretraining_arguments(tmp_path):
-    args = PretrainingArguments(
-        output_dir=str(tmp_path),
+    args = quick_args(
+        tmp_path,
         max_steps=20,
         per_device_train_batch_size=4,
         learning_rate=1e-3,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
         measure_peak_tflops=False,
         warmup_steps=4,
         lr_scheduler_type="wsd",

@@ -4,7 +4,7 @@ from datasets import Dataset
 from transformers import Trainer, TrainingArguments, default_data_collator
 
 from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
-from tests.conftest import small_config
+from tests.conftest import quick_args, small_config
 
 
 def dataset(n=64, seq=32):
@@ -82,15 +82,12 @@ def test_refuses_silent_single_process_training(tmp_path, monkeypatch):
 def test_throughput_after_resume_counts_only_this_session(tmp_path):
     def train(steps, resume=None):
         torch.manual_seed(0)
-        args = PretrainingArguments(
-            output_dir=str(tmp_path),
+        args = quick_args(
+            tmp_path,
             max_steps=steps,
             per_device_train_batch_size=8,
-            logging_steps=1,
-            report_to="none",
             save_strategy="steps",
             save_steps=4,
-            disable_tqdm=True,
             measure_peak_tflops=False,
         )
         trainer = PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args, train_dataset=dataset())
@@ -120,13 +117,10 @@ def test_mfu_is_logged_against_the_measured_ceiling_and_left_out_without_a_spec(
 def test_iterable_dataset_runs_as_with_trainer(tmp_path):
     data = dataset().to_iterable_dataset()
     torch.manual_seed(0)
-    args = PretrainingArguments(
-        output_dir=str(tmp_path),
+    args = quick_args(
+        tmp_path,
         max_steps=2,
         per_device_train_batch_size=4,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
         measure_peak_tflops=False,
     )
     trainer = PretrainTrainer(
