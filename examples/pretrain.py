@@ -265,6 +265,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"[sample] {prompt!r} -> {completion!r}")
         Path(args.output_dir, "pretrain_summary.json").write_text(json.dumps(summary, indent=2))
         print(f"[saved] model + tokenizer in {args.output_dir}")
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()  # ranks leave the process group together (no teardown at interpreter exit)
     return summary
 
 

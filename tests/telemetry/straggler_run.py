@@ -34,6 +34,8 @@ def main(output_dir: str, accumulation: int = 1) -> None:
         data_collator=PackedDocumentCollator(1),
     )
     trainer.train()
+    trainer.accelerator.wait_for_everyone()  # no rank leaves while another still talks to it
+    trainer.accelerator.end_training()  # tear the process group down before exit, not in interpreter shutdown
 
 
 if __name__ == "__main__":
