@@ -237,7 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"{dtype}{f' ({args.precision} recipe)' if args.precision else ''}, {args.world_size} process(es) on "
             f"{args.device.type}, attention {model.config.attention_backend}"
         )
-    result = trainer.train()
+    resume = {"true": True, "last": True}.get(str(args.resume_from_checkpoint).lower(), args.resume_from_checkpoint)
+    result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(args.output_dir)
     summary = {
         "train_loss": result.training_loss,

@@ -27,3 +27,9 @@ def test_attention_benchmark_times_every_backend_that_runs_here(capsys):
     load("attention").main(["--seq-len", "64", "--window", "16", "--heads", "2", "--head-dim", "16", "--repeats", "1"])
     out = capsys.readouterr().out
     assert "full sdpa" in out and "window 16 sdpa" in out and "eager" in out and "x the fastest" in out
+
+
+def test_resume_benchmark_agrees_on_the_next_batch_and_prints_ratios(capsys):
+    ratios = load("resume").main(["--samples", "20000", "--positions", "10", "1000"])
+    assert set(ratios) == {10, 1000} and all(r > 0 for r in ratios.values())
+    assert "positioned" in capsys.readouterr().out

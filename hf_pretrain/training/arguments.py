@@ -16,6 +16,13 @@ the same command line a transformers user already writes. Differences:
   used and the only buffers (RoPE frequencies) are constant, so both would cost a step-time sync.
 - `lr_scheduler_type` also takes hf_pretrain's `cosine_restarts` and `wsd` (see `schedules.py`),
   configured through `lr_scheduler_kwargs` like transformers' own.
+- Optimizer and schedule defaults follow a common 7B pretraining recipe (`RECIPE_DEFAULTS`):
+  peak learning rate 3e-4, warmup 0.8 % of the steps, cosine to 10 % of the peak
+  (`cosine_restarts` without restarts), AdamW beta2 0.95, eps 1e-8, weight decay 0.1, gradient
+  clipping 1.0. Any of them given explicitly wins; with `pretrain_extras=False` the unset ones take
+  transformers' defaults, so that mode is `Trainer` with `TrainingArguments`, field for field.
+- `loss_spike_action="rollback"` with `loss_spike_lr_factor` / `loss_spike_max_rollbacks`: see
+  `loss_guard.py`.
 - `use_cpu` defaults to `None` = auto: True when torch sees no accelerator, so a CPU-only machine
   trains on CPU (gloo for several processes) without a flag.
 """
@@ -30,6 +37,23 @@ from transformers import TrainingArguments
 
 def accelerator_available() -> bool:
     return torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+
+
+# A common 7B recipe (Llama 2 style; eps and clipping equal transformers' defaults).
+RECIPE_DEFAULTS = {
+    "learning_rate": 3e-4,
+    "warmup_steps": 0.008,
+    "lr_scheduler_type": "cosine_restarts",
+    "adam_beta2": 0.95,
+    "weight_decay": 0.1,
+}
+TRANSFORMERS_DEFAULTS = {
+    "learning_rate": 5e-5,
+    "warmup_steps": 0,
+    "lr_scheduler_type": "linear",
+    "adam_beta2": 0.999,
+    "weight_decay": 0.0,
+}
 
 
 @dataclass
@@ -75,10 +99,27 @@ class PretrainingArguments(TrainingArguments):
     precision_keep_first_last: bool = field(
         default=False, metadata={"help": "Keep the first and last decoder blocks in high precision."}
     )
-    lr_scheduler_type: str = field(
-        default="linear",
+    learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "Peak learning rate. Default 3e-4 (7B recipe); transformers' 5e-5 without extras."},
+    )
+    warmup_steps: float | None = field(
+        default=None,
         metadata={
-            "help": "transformers' schedules, or hf_pretrain's 'cosine_restarts' / 'wsd' (options in lr_scheduler_kwargs)."
+            "help": "Warmup steps (>= 1) or fraction of training (< 1). Default 0.008 (0.8 %); 0 without extras."
+        },
+    )
+    weight_decay: float | None = field(
+        default=None, metadata={"help": "AdamW weight decay. Default 0.1 (7B recipe); 0 without extras."}
+    )
+    adam_beta2: float | None = field(
+        default=None, metadata={"help": "AdamW beta2. Default 0.95 (7B recipe); 0.999 without extras."}
+    )
+    lr_scheduler_type: str | None = field(
+        default=None,
+        metadata={
+            "help": "transformers' schedules, or hf_pretrain's 'cosine_restarts' / 'wsd' (options in lr_scheduler_kwargs). "
+            "Default: cosine_restarts (warmup, cosine to 10 % of the peak); transformers' 'linear' without extras."
         },
     )
     pretrain_schedule: str | None = field(
@@ -90,7 +131,18 @@ class PretrainingArguments(TrainingArguments):
     )
     loss_spike_factor: float = field(default=3.0, metadata={"help": "A spike: loss above this x the running median."})
     loss_spike_window: int = field(default=20, metadata={"help": "Good steps in the running median."})
-    loss_spike_action: str = field(default="log", metadata={"help": "On a spike: log, skip (the update) or stop."})
+    loss_spike_action: str = field(
+        default="log",
+        metadata={
+            "help": "On a spike: log, skip (the update), stop, or rollback (to the newest checkpoint, lower LR)."
+        },
+    )
+    loss_spike_lr_factor: float = field(
+        default=0.5, metadata={"help": "rollback: multiply the learning rate by this at each roll-back."}
+    )
+    loss_spike_max_rollbacks: int = field(
+        default=3, metadata={"help": "rollback: stop with LossSpikeError after this many roll-backs."}
+    )
     telemetry: bool = field(
         default=True,
         metadata={"help": "Hardware sensors, under-clock and straggler detection, and OUTPUT_DIR/telemetry.jsonl."},
@@ -133,6 +185,10 @@ class PretrainingArguments(TrainingArguments):
             # Autocast around the low-precision linears: bf16 on a GPU; on a CPU fp8 is emulated around fp32.
             self.bf16 = self.precision == "bf16" or (self.precision != "fp32" and accelerator_available())
             self.fp16 = False
+        defaults = RECIPE_DEFAULTS if self.pretrain_extras else TRANSFORMERS_DEFAULTS
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
         from .schedules import SCHEDULES
 
         if self.lr_scheduler_type in SCHEDULES:

@@ -6,13 +6,19 @@ of its micro-batch losses, which `PretrainTrainer.training_step` hands over) and
   is a no-op for that step; the Trainer zeroes the gradients after it), counted and logged;
 - a finite loss above `spike_factor` x the median of the last `window` good step losses -> the
   `spike_action`: `log` (record it, train on), `skip` (skip the update like a NaN), `stop` (raise
-  `LossSpikeError`, a typed error a launcher can catch). Rolling back to the last checkpoint with
-  a lower learning rate is the resume path of a later release.
-Every event is appended to `OUTPUT_DIR/loss_guard.jsonl` (main process) with step, kind, loss
-and the median it was compared with. The learning-rate schedule still advances on a skipped step.
+  `LossSpikeError`, a typed error a launcher can catch), `rollback` (skip the update, end this
+  pass; `PretrainTrainer.train` reloads the newest checkpoint and trains on from there with the
+  learning rate multiplied by `rollback_lr_factor`, at most `max_rollbacks` times, then stops
+  with `LossSpikeError`).
+The step loss is averaged over ranks first, so every rank takes the same decision. Every event
+is appended to `OUTPUT_DIR/loss_guard.jsonl` (main process) with step, kind, loss and the median
+it was compared with. The learning-rate schedule still advances on a skipped step. The
+learning-rate scale (`lr_scale`, 1 until a roll-back) is applied at each optimizer step and kept
+in every checkpoint (`state()`), so a later resume keeps the lowered rate.
 
-Logs: `loss_guard_skipped` (updates skipped so far), `loss_guard_spikes` (spikes so far) and,
-for the log that follows an event, `loss_guard_event` (text).
+Logs: `loss_guard_skipped` (updates skipped so far), `loss_guard_spikes` (spikes so far),
+`loss_guard_rollbacks` and `loss_guard_lr_scale` (after a roll-back) and, for the log that follows
+an event, `loss_guard_event` (text).
 
 Test-only knob: `HF_PRETRAIN_TEST_LOSS_INJECT="3:nan,7:spike"` makes `PretrainTrainer.compute_loss`
 return NaN (or 50x the loss) on those optimizer steps, so the guard is tested in a real run.
@@ -27,12 +33,13 @@ import statistics
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from transformers import TrainerCallback
 from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-ACTIONS = ("log", "skip", "stop")
+ACTIONS = ("log", "skip", "stop", "rollback")
 INJECT_KNOB = "HF_PRETRAIN_TEST_LOSS_INJECT"
 
 
@@ -51,11 +58,23 @@ def injected(step: int) -> str | None:
 
 class LossGuardCallback(TrainerCallback):
     def __init__(
-        self, spike_factor: float = 3.0, window: int = 20, spike_action: str = "log", output_dir: str | None = None
+        self,
+        spike_factor: float = 3.0,
+        window: int = 20,
+        spike_action: str = "log",
+        output_dir: str | None = None,
+        rollback_lr_factor: float = 0.5,
+        max_rollbacks: int = 3,
     ):
         if spike_action not in ACTIONS:
             raise ValueError(f"loss_spike_action={spike_action!r} is invalid; use one of {list(ACTIONS)}.")
+        if not 0 < rollback_lr_factor <= 1:
+            raise ValueError(f"loss_spike_lr_factor={rollback_lr_factor} is invalid; use a factor in (0, 1].")
         self.spike_factor, self.window, self.spike_action = spike_factor, window, spike_action
+        self.rollback_lr_factor, self.max_rollbacks = rollback_lr_factor, max_rollbacks
+        self.lr_scale = 1.0
+        self.rollbacks = 0
+        self.rollback_from: int | None = None  # the spiking step of a requested roll-back
         self.path = Path(output_dir) / "loss_guard.jsonl" if output_dir else None
         self.model = None  # set by PretrainTrainer
         self.skip_next_update = False
@@ -70,8 +89,7 @@ class LossGuardCallback(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         step = state.global_step + 1
-        loss = torch.stack(self._losses).sum().item() if self._losses else float("nan")
-        self._losses = []
+        loss = self._step_loss()
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         grads_finite = bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()) if grads else True
         if not (math.isfinite(loss) and grads_finite):
@@ -80,13 +98,63 @@ class LossGuardCallback(TrainerCallback):
         median = statistics.median(self.history) if len(self.history) >= min(self.window, 5) else None
         if median is not None and loss > self.spike_factor * median:
             self.spikes += 1
-            self._event(args, step, "spike", loss, median, skip=self.spike_action == "skip")
+            self._event(args, step, "spike", loss, median, skip=self.spike_action in ("skip", "rollback"))
             if self.spike_action == "stop":
                 raise LossSpikeError(
                     f"loss {loss:.4g} at step {step} is above {self.spike_factor} x the median {median:.4g}"
                 )
+            if self.spike_action == "rollback":
+                self.rollback_from = step
+                control.should_training_stop = True
+                return control
             return
         self.history = (self.history + [loss])[-self.window :]
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.rollback_from is not None:
+            control.should_save = False  # never checkpoint the step that is being rolled back
+        return control
+
+    def _step_loss(self) -> float:
+        """This step's loss (sum over its micro-batches), averaged over ranks: one decision for all."""
+        if not self._losses:
+            return float("nan")
+        loss = torch.stack(self._losses).sum()
+        self._losses = []
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(loss)
+            loss = loss / dist.get_world_size()
+        return loss.item()
+
+    def start_rollback(self, args, checkpoint: str) -> None:
+        """Called by PretrainTrainer before it resumes from `checkpoint`: lower the learning rate."""
+        if self.rollbacks >= self.max_rollbacks:
+            raise LossSpikeError(
+                f"loss spike at step {self.rollback_from} after {self.rollbacks} roll-backs "
+                f"(loss_spike_max_rollbacks={self.max_rollbacks}): stopping."
+            )
+        self.rollbacks += 1
+        self.lr_scale *= self.rollback_lr_factor
+        self._write(args, {"step": self.rollback_from, "kind": "rollback", "to": checkpoint, "lr_scale": self.lr_scale})
+        self._pending["loss_guard_event"] = (
+            f"rolled back from step {self.rollback_from} to {os.path.basename(checkpoint)}, lr x{self.lr_scale:g}"
+        )
+        self.rollback_from = None
+        self.skip_next_update = False
+
+    def state(self) -> dict:
+        return {
+            "lr_scale": self.lr_scale,
+            "rollbacks": self.rollbacks,
+            "skipped": self.skipped,
+            "spikes": self.spikes,
+            "history": self.history,
+        }
+
+    def load_state(self, saved: dict) -> None:
+        self.lr_scale = saved.get("lr_scale", 1.0)
+        self.rollbacks, self.skipped = saved.get("rollbacks", 0), saved.get("skipped", 0)
+        self.spikes, self.history = saved.get("spikes", 0), list(saved.get("history", []))
 
     def _event(self, args, step: int, kind: str, loss: float, median: float | None, skip: bool) -> None:
         self.skip_next_update = skip
@@ -96,7 +164,7 @@ class LossGuardCallback(TrainerCallback):
             "kind": kind,
             "loss": loss if math.isfinite(loss) else str(loss),
             "median": median,
-            "action": "skip" if skip else self.spike_action,
+            "action": self.spike_action if kind == "spike" else "skip",
         }
         self.events.append(event)
         text = (
@@ -106,6 +174,9 @@ class LossGuardCallback(TrainerCallback):
         )
         logger.warning(f"loss guard: {text}")
         self._pending["loss_guard_event"] = text
+        self._write(args, event)
+
+    def _write(self, args, event: dict) -> None:
         if self.path is not None and args.process_index == 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a", encoding="utf-8") as f:
@@ -113,4 +184,7 @@ class LossGuardCallback(TrainerCallback):
 
     def metrics_for_log(self, state) -> dict:
         pending, self._pending = self._pending, {}
-        return {"loss_guard_skipped": self.skipped, "loss_guard_spikes": self.spikes, **pending}
+        rollbacks = (
+            {"loss_guard_rollbacks": self.rollbacks, "loss_guard_lr_scale": self.lr_scale} if self.rollbacks else {}
+        )
+        return {"loss_guard_skipped": self.skipped, "loss_guard_spikes": self.spikes, **rollbacks, **pending}

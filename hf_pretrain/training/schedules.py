@@ -99,7 +99,7 @@ def get_cosine_restarts_schedule(
     restarts = [r if isinstance(r, Restart) else Restart(**r) for r in restarts]
     _check(
         floor=(floor, lambda v: 0 <= v <= 1, "use a fraction of the peak in [0, 1]"),
-        warmup=(warmup, lambda v: 0 <= v < total, f"it must be in [0, total={total})"),
+        warmup=(warmup, lambda v: 0 <= v <= total, f"it must be in [0, total={total}]"),
         restarts=(
             restarts,
             lambda rs: all(warmup <= r.at < total and 0 <= r.rebound <= 1 and r.warmup >= 0 for r in rs),

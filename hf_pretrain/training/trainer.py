@@ -21,7 +21,14 @@ With extras on (the default) it:
   ignore). A fallback warning is repeated in the first logged metrics as `attention_fallback`,
   with `attention_step_cost_vs_best` (estimated step time against the best kernels here).
 - guards every update (`LossGuardCallback`): a NaN/inf loss or gradient skips the optimizer step,
-  a loss spike is logged, skipped or stops the run (`args.loss_spike_action`);
+  a loss spike is logged, skipped, stops the run or rolls back to the newest checkpoint with a
+  lower learning rate (`args.loss_spike_action`; `train()` does the roll-back);
+- resumes exactly and fast: the training order comes from `ResumableSampler` (the order the
+  Trainer already uses), its position is saved with every checkpoint and a resume starts the
+  sampler there instead of walking through the consumed batches; the saved position is checked
+  against the dataset and batch geometry of the resumed run;
+- writes checkpoints atomically (`checkpoints.py`): staged, then renamed into place; a killed
+  save leaves the previous checkpoint as the newest;
 - applies `args.precision` (`hf_pretrain.precision`): converts the selected linears before the
   optimizer exists, prints which were converted or kept and why, and runs `evaluate()` and saving
   with plain linears (`high_precision`).
@@ -30,12 +37,18 @@ It is the one place where hf_pretrain attaches its callbacks, schedules and pref
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+import types
 
 import torch
+import transformers.trainer as hf_trainer
+from torch.utils.data import RandomSampler
 from transformers import DataCollatorWithFlattening, Trainer
+from transformers.utils import logging
 
+from ..data.sampler import ResumableSampler
 from ..modeling.attention import Environment, plan_attention
 from ..precision import apply_precision, high_precision
 from ..precision.recipes import LOW_PRECISION
@@ -46,8 +59,33 @@ from ..telemetry.straggler import StragglerCallback
 from ..telemetry.throughput import ThroughputCallback
 from ..telemetry.underclock import UnderclockCallback
 from .arguments import PretrainingArguments
+from .checkpoints import (
+    checkpoint_name,
+    clear_staging,
+    latest_checkpoint,
+    promote,
+    read_run_state,
+    staging_root,
+    write_run_state,
+)
 from .loss_guard import LossGuardCallback, injected
 from .schedules import build_schedule
+
+# Test-only: "STEP:SECONDS" sleeps between a checkpoint's weights and its optimizer state when saving at STEP.
+SLOW_SAVE_KNOB = "HF_PRETRAIN_TEST_SLOW_SAVE"
+
+logger = logging.get_logger(__name__)
+
+
+@contextlib.contextmanager
+def _sampler_positioned():
+    """The Trainer's batch skipping on resume becomes a no-op: the sampler already starts at the position."""
+    skip = hf_trainer.skip_first_batches
+    hf_trainer.skip_first_batches = lambda dataloader, num_batches=0: dataloader
+    try:
+        yield
+    finally:
+        hf_trainer.skip_first_batches = skip
 
 
 class PretrainTrainer(Trainer):
@@ -59,6 +97,11 @@ class PretrainTrainer(Trainer):
         self.precision_report = None
         self.loss_guard = None
         self._micro_batch_timers: list = []
+        self._sampler: ResumableSampler | None = None
+        self._staging: str | None = None  # where _save_checkpoint writes before the rename
+        self._update_steps_per_epoch = 0
+        self._run_state: dict = {}  # hf_pretrain_state.json of the checkpoint being resumed
+        self._injections_done: set[int] = set()
         if not self.extras:
             return
         if getattr(self.args, "loss_guard", True):
@@ -67,6 +110,8 @@ class PretrainTrainer(Trainer):
                 getattr(self.args, "loss_spike_window", 20),
                 getattr(self.args, "loss_spike_action", "log"),
                 self.args.output_dir,
+                getattr(self.args, "loss_spike_lr_factor", 0.5),
+                getattr(self.args, "loss_spike_max_rollbacks", 3),
             )
             self.loss_guard.model = self.model
             self.add_callback(self.loss_guard)
@@ -110,6 +155,8 @@ class PretrainTrainer(Trainer):
         for timer in timers:
             timer.before_micro_batch()  # (the test knob's sleep counts as this rank's compute)
         loss = super().training_step(model, inputs, *args, **kwargs)
+        if self.extras and injected(self.state.global_step + 1):
+            self._injections_done.add(self.state.global_step + 1)
         end = time.perf_counter()
         for timer in timers:
             timer.record_micro_batch(start, end)
@@ -119,8 +166,9 @@ class PretrainTrainer(Trainer):
 
     def compute_loss(self, model, inputs, *args, **kwargs):
         result = super().compute_loss(model, inputs, *args, **kwargs)
-        kind = injected(self.state.global_step + 1) if self.extras and model.training else None
-        if kind is None:  # the test-only knob of the loss guard
+        step = self.state.global_step + 1
+        kind = injected(step) if self.extras and model.training and step not in self._injections_done else None
+        if kind is None:  # the test-only knob of the loss guard (once per step: a replay after a roll-back is clean)
             return result
         loss = result[0] if isinstance(result, tuple) else result
         loss = loss * float("nan") if kind == "nan" else loss * 50.0
@@ -132,15 +180,28 @@ class PretrainTrainer(Trainer):
         if guard is not None and not getattr(optimizer, "_loss_guarded", False):
             step = optimizer.step
 
-            def guarded_step(*step_args, **step_kwargs):
+            def guarded_step(optimizer, *step_args, **step_kwargs):
                 if guard.skip_next_update:  # a NaN/inf or spiking step: no update at all
                     guard.skip_next_update = False
                     return None
-                return step(*step_args, **step_kwargs)
+                if guard.lr_scale == 1.0:
+                    return step(*step_args, **step_kwargs)
+                scheduled = [group["lr"] for group in optimizer.param_groups]
+                for group in optimizer.param_groups:  # lowered after a roll-back; the schedule itself is untouched
+                    group["lr"] *= guard.lr_scale
+                try:
+                    return step(*step_args, **step_kwargs)
+                finally:
+                    for group, lr in zip(optimizer.param_groups, scheduled, strict=True):
+                        group["lr"] = lr
 
-            optimizer.step = guarded_step
+            optimizer.step = types.MethodType(guarded_step, optimizer)  # a method, as LR schedulers expect
             optimizer._loss_guarded = True
         return optimizer
+
+    def _get_learning_rate(self):
+        lr = super()._get_learning_rate()
+        return lr * self.loss_guard.lr_scale if self.loss_guard is not None else lr
 
     def evaluate(self, *args, **kwargs):
         with high_precision(self.model):  # evaluation never runs the low-precision path
@@ -169,11 +230,158 @@ class PretrainTrainer(Trainer):
         with high_precision(self.model):  # plain weights that load without torchao or TE
             return super()._save(output_dir, state_dict)
 
-    def train(self, *args, **kwargs):
-        if self.extras:
-            self.run_attention_preflight()
-            self._attach_telemetry()
-        return super().train(*args, **kwargs)
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        if not self.extras:
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        self.run_attention_preflight()
+        self._attach_telemetry()
+        self._clear_interrupted_saves()
+        checkpoint = self._resolve_checkpoint(resume_from_checkpoint)
+        self._run_state = read_run_state(checkpoint) if checkpoint else {}
+        if self.loss_guard is not None and "loss_guard" in self._run_state:
+            self.loss_guard.load_state(self._run_state["loss_guard"])
+        while True:
+            output = super().train(checkpoint, *args, **kwargs)
+            guard = self.loss_guard
+            if guard is None or guard.rollback_from is None:
+                return output
+            checkpoint = self._rollback_checkpoint(guard.rollback_from)
+            guard.start_rollback(self.args, checkpoint)  # lowers the learning rate, or stops
+            self._run_state = read_run_state(checkpoint)
+
+    def _resolve_checkpoint(self, resume_from_checkpoint: str | bool | None) -> str | None:
+        if resume_from_checkpoint is True:
+            checkpoint = latest_checkpoint(self.args.output_dir)
+            if checkpoint is None:
+                raise ValueError(f"resume_from_checkpoint=True but {self.args.output_dir} holds no checkpoint-N.")
+            return checkpoint
+        return resume_from_checkpoint or None
+
+    def _rollback_checkpoint(self, spike_step: int) -> str:
+        from .loss_guard import LossSpikeError
+
+        checkpoint = latest_checkpoint(self.args.output_dir)
+        if checkpoint is None:
+            raise LossSpikeError(
+                f"loss spike at step {spike_step} and no checkpoint in {self.args.output_dir} to roll back to: "
+                "save checkpoints (save_strategy='steps', save_steps=N) or use loss_spike_action='skip'."
+            )
+        return checkpoint
+
+    def _clear_interrupted_saves(self) -> None:
+        if self.args.should_save:
+            left = clear_staging(self.args.output_dir)
+            if left:
+                print(f"Removed what an interrupted save left in {staging_root(self.args.output_dir)}: {left}")
+        self.accelerator.wait_for_everyone()
+
+    # Data position: the sampler starts where the checkpoint stopped (see ResumableSampler).
+    def _get_train_sampler(self, train_dataset=None):
+        sampler = super()._get_train_sampler(train_dataset)
+        self._sampler = None
+        if self.extras and type(sampler) is RandomSampler and not sampler.replacement:  # the default random order
+            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+            self._sampler = sampler = ResumableSampler(len(sampler.data_source), seed)
+        return sampler
+
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, *args, **kwargs):
+        self._update_steps_per_epoch = num_update_steps_per_epoch
+        return super()._init_training_state(max_steps, num_update_steps_per_epoch, *args, **kwargs)
+
+    def _run_epoch(self, **kwargs):
+        done = kwargs["steps_trained_in_current_epoch"]  # micro-batches of this rank already trained in the epoch
+        resuming = kwargs["resume_from_checkpoint"] is not None and kwargs["epoch"] == kwargs["epochs_trained"]
+        if self._sampler is None or not resuming or done == 0 or self.args.ignore_data_skip:
+            return super()._run_epoch(**kwargs)
+        position = self._data_position(kwargs["epoch"], done)
+        self._check_resumed_position(position)
+        self._sampler.start_at(position["epoch"], position["samples_consumed_in_epoch"])
+        with _sampler_positioned():
+            return super()._run_epoch(**kwargs)
+
+    def _data_position(self, epoch: int, micro_batches_done: int) -> dict:
+        return {
+            "epoch": epoch,
+            "samples_consumed_in_epoch": micro_batches_done
+            * self.args.per_device_train_batch_size
+            * self.args.world_size,
+            "samples_per_micro_batch": self.args.per_device_train_batch_size * self.args.world_size,
+            "gradient_accumulation_steps": self.args.gradient_accumulation_steps,
+            "num_samples": self._sampler.num_samples,
+            "seed": self._sampler.seed,
+            "dataset_fingerprint": getattr(self.train_dataset, "_fingerprint", None),
+        }
+
+    def _check_resumed_position(self, position: dict) -> None:
+        saved = self._run_state.get("data")
+        if not saved:
+            return  # a checkpoint of plain transformers: its step count is the only position there is
+        if saved.get("dataset_fingerprint") != position["dataset_fingerprint"]:  # can be random: warn only
+            logger.warning(
+                "train_dataset's fingerprint differs from the checkpoint's: resume with the same packed "
+                "data, or the resumed order is not the one the checkpoint stopped in."
+            )
+        fixes = {
+            "num_samples": "resume with the same train_dataset (same packing)",
+            "seed": "keep seed / data_seed",
+            "samples_per_micro_batch": "keep per_device_train_batch_size and the number of processes",
+            "gradient_accumulation_steps": "keep gradient_accumulation_steps",
+            "samples_consumed_in_epoch": "keep the batch geometry of the checkpointed run",
+        }
+        for key, fix in fixes.items():
+            if saved.get(key) is not None and position[key] is not None and saved[key] != position[key]:
+                raise ValueError(
+                    f"Cannot resume the data position: {key} is {position[key]} here but {saved[key]} in the "
+                    f"checkpoint. Fix: {fix}, or set ignore_data_skip=True to start this epoch's order anew."
+                )
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        step, _, seconds = os.environ.get(SLOW_SAVE_KNOB, "").partition(":")
+        if step and int(step) == self.state.global_step:  # test-only: a window in which to kill a save half done
+            time.sleep(float(seconds))
+        return super()._save_optimizer_and_scheduler(output_dir)
+
+    def _get_output_dir(self, trial):
+        return self._staging or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        if not self.extras:
+            return super()._save_checkpoint(model, trial)
+        run_dir = super()._get_output_dir(trial)
+        name = checkpoint_name(self.state.global_step)
+        staged, final = os.path.join(staging_root(run_dir), name), os.path.join(run_dir, name)
+        limit, self.args.save_total_limit = self.args.save_total_limit, None  # rotate only after the rename
+        self._staging = staging_root(run_dir)
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging, self.args.save_total_limit = None, limit
+        best = self.state.best_model_checkpoint
+        if best and best.startswith(staging_root(run_dir)):
+            self.state.best_model_checkpoint = os.path.join(run_dir, os.path.basename(best))
+            if self.args.should_save:
+                self.state.save_to_json(os.path.join(staged, hf_trainer.TRAINER_STATE_NAME))
+        if self.args.should_save:
+            write_run_state(staged, self._run_state_now())
+        self.accelerator.wait_for_everyone()  # every rank's files are in place
+        if self.args.should_save:
+            promote(staged, final)
+            hf_trainer.rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=True,
+            )
+        self.accelerator.wait_for_everyone()
+
+    def _run_state_now(self) -> dict:
+        state = {}
+        if self._sampler is not None and self._update_steps_per_epoch:
+            epoch, steps = divmod(self.state.global_step, self._update_steps_per_epoch)
+            state["data"] = self._data_position(epoch, steps * self.args.gradient_accumulation_steps)
+        if self.loss_guard is not None:
+            state["loss_guard"] = self.loss_guard.state()
+        return state
 
     def _attach_telemetry(self) -> None:
         """(Re)attach hf_pretrain's callbacks for this `train()` call."""

@@ -67,3 +67,44 @@ def test_stop_raises_a_typed_error(tmp_path, monkeypatch):
     trainer = run(tmp_path, monkeypatch, "9:spike", loss_spike_action="stop")
     with pytest.raises(LossSpikeError, match="at step 9"):
         trainer.train()
+
+
+def lr_by_step(trainer):
+    return {h["step"]: h["learning_rate"] for h in trainer.state.log_history if "learning_rate" in h}
+
+
+def test_rollback_resumes_from_the_newest_checkpoint_with_a_lower_learning_rate(tmp_path, monkeypatch):
+    reference = run(tmp_path / "ref", monkeypatch, "", save_strategy="steps", save_steps=4)
+    reference.train()
+    trainer = run(tmp_path, monkeypatch, "9:spike", loss_spike_action="rollback", save_strategy="steps", save_steps=4)
+    trainer.train()
+    assert trainer.state.global_step == 12
+    events = [json.loads(line) for line in (tmp_path / "loss_guard.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["kind"], e["action"]) for e in events[:1]] == [(9, "spike", "rollback")]
+    assert events[1] == {"step": 9, "kind": "rollback", "to": str(tmp_path / "checkpoint-8"), "lr_scale": 0.5}
+    # steps 9-12 ran twice: first with the spike (skipped, run ended), then replayed at half the learning rate
+    replayed = [h for h in trainer.state.log_history if h.get("step", 0) > 8 and "learning_rate" in h][-4:]
+    scheduled = lr_by_step(reference)
+    assert [h["step"] for h in replayed] == [9, 10, 11, 12]
+    assert all(h["learning_rate"] == pytest.approx(0.5 * scheduled[h["step"]]) for h in replayed)
+    assert all(h["loss_guard_lr_scale"] == 0.5 and h["loss_guard_rollbacks"] == 1 for h in replayed)
+    state = json.loads((tmp_path / "checkpoint-12" / "hf_pretrain_state.json").read_text())
+    assert state["loss_guard"]["lr_scale"] == 0.5  # a later resume keeps the lowered rate
+    assert params_finite(trainer.model)
+
+
+def test_rollback_without_a_checkpoint_or_beyond_the_limit_stops(tmp_path, monkeypatch):
+    trainer = run(tmp_path / "a", monkeypatch, "9:spike", loss_spike_action="rollback")
+    with pytest.raises(LossSpikeError, match="no checkpoint .* to roll back to"):
+        trainer.train()
+    trainer = run(
+        tmp_path / "b",
+        monkeypatch,
+        "9:spike",
+        loss_spike_action="rollback",
+        loss_spike_max_rollbacks=0,
+        save_strategy="steps",
+        save_steps=4,
+    )
+    with pytest.raises(LossSpikeError, match="after 0 roll-backs"):
+        trainer.train()

@@ -127,3 +127,16 @@ def test_iterable_dataset_runs_as_with_trainer(tmp_path):
         model=PretrainForCausalLM(small_config()), args=args, train_dataset=data, data_collator=default_data_collator
     )
     assert trainer.train().global_step == 2
+
+
+def test_defaults_follow_a_7b_recipe_and_explicit_values_win(tmp_path):
+    args = PretrainingArguments(output_dir=str(tmp_path), report_to="none")
+    recipe = (args.learning_rate, args.warmup_steps, args.weight_decay, args.adam_beta2, args.adam_epsilon)
+    assert recipe == (3e-4, 0.008, 0.1, 0.95, 1e-8) and args.max_grad_norm == 1.0
+    assert args.pretrain_schedule == "cosine_restarts"  # cosine to 10 % of the peak (the schedule's floor default)
+    plain = TrainingArguments(output_dir=str(tmp_path), report_to="none")
+    off = PretrainingArguments(output_dir=str(tmp_path), report_to="none", pretrain_extras=False)
+    for name in ("learning_rate", "warmup_steps", "weight_decay", "adam_beta2", "lr_scheduler_type"):
+        assert getattr(off, name) == getattr(plain, name), name
+    mine = PretrainingArguments(output_dir=str(tmp_path), report_to="none", learning_rate=1e-3, weight_decay=0.0)
+    assert (mine.learning_rate, mine.weight_decay, mine.adam_beta2) == (1e-3, 0.0, 0.95)

@@ -1,0 +1,99 @@
+"""Atomic checkpoints and the run state that makes a resume exact.
+
+transformers writes `checkpoint-N/` in place, file after file, and `get_last_checkpoint` picks
+the highest N: a process killed in the middle of a save leaves a half-written `checkpoint-N`
+that the next `resume_from_checkpoint=True` loads (or fails on). `PretrainTrainer` writes every
+checkpoint under `OUTPUT_DIR/.saving/checkpoint-N`, waits for all ranks, flushes the files to
+disk and renames the folder to `OUTPUT_DIR/checkpoint-N` in one `rename`, so a `checkpoint-N`
+is complete or absent. The older checkpoints are rotated (`save_total_limit`) only after that.
+A leftover `.saving/` from a killed save is removed at the next start.
+
+Each checkpoint also holds `hf_pretrain_state.json` (`RUN_STATE_NAME`): the data position
+(epoch, samples consumed in it, the batch geometry and the dataset's length and fingerprint)
+and the loss guard's state (learning-rate scale after roll-backs, counters, recent losses).
+
+Written by hand: neither transformers nor accelerate writes checkpoints atomically; the rename
+is the usual POSIX recipe (same file system, so it cannot be half done).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+
+STAGING_DIR = ".saving"
+RUN_STATE_NAME = "hf_pretrain_state.json"
+
+
+def staging_root(run_dir: str) -> str:
+    return os.path.join(run_dir, STAGING_DIR)
+
+
+def clear_staging(run_dir: str) -> list[str]:
+    """Remove what interrupted saves left in `run_dir/.saving`; return the names removed."""
+    root = Path(staging_root(run_dir))
+    if not root.is_dir():
+        return []
+    left = sorted(p.name for p in root.iterdir())
+    shutil.rmtree(root)
+    return left
+
+
+def _fsync_tree(folder: str) -> None:
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def promote(staged: str, final: str) -> None:
+    """Make the fully written checkpoint `staged` visible as `final` with one rename."""
+    _fsync_tree(staged)
+    replaced = None
+    if os.path.exists(final):  # the same step saved again (e.g. the final save at a save step)
+        replaced = os.path.join(os.path.dirname(staged), f"replaced-{os.path.basename(final)}")
+        os.replace(final, replaced)
+    os.replace(staged, final)
+    _fsync_dir(os.path.dirname(final))
+    if replaced:
+        shutil.rmtree(replaced)
+    with contextlib.suppress(OSError):  # leave no empty staging folder behind
+        os.rmdir(os.path.dirname(staged))
+
+
+def latest_checkpoint(run_dir: str) -> str | None:
+    """The newest `checkpoint-N` in `run_dir` (every one there is complete: see the module docstring)."""
+    return get_last_checkpoint(run_dir) if os.path.isdir(run_dir) else None
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{PREFIX_CHECKPOINT_DIR}-{step}"
+
+
+def write_run_state(checkpoint: str, state: dict) -> None:
+    path = os.path.join(checkpoint, RUN_STATE_NAME)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(state, f, indent=2)
+
+
+def read_run_state(checkpoint: str) -> dict:
+    """The checkpoint's run state; `{}` for a checkpoint written by plain transformers."""
+    path = os.path.join(checkpoint, RUN_STATE_NAME)
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
