@@ -1,0 +1,173 @@
+"""The data chain's building block: a step over `datasets` with counters (datatrove-style).
+
+A `Block` rewrites batches of documents and marks the ones to drop with a reason; `run(data,
+rank, world_size, num_proc)` applies it to a `datasets.Dataset` (in `num_proc` worker processes)
+or a streaming `IterableDataset` (lazily), keeps this rank's shard when `world_size > 1`, drops
+the marked rows and counts everything in `block.stats` (`BlockStats`): documents in and out,
+dropped by reason, bytes in and out, seconds. Nothing is dropped without a reason in the counts.
+
+How a block marks rows: `process(batch)` returns the batch (same columns, any number of rows:
+a block may split a document) plus a `DROP` column, `""` to keep a row or the reason to drop it.
+Counting reads that column after the map, so counts are right with worker processes (their own
+counters would stay in the workers); for a streaming dataset they are complete once the data has
+been consumed (`stats` fills up as it is iterated).
+
+Written by hand on top of `datasets.map/filter`: datatrove has the same shape (blocks with
+counters) but its own document type and executors, not `datasets`, which the rest of this
+package (packing, the Trainer) reads.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pyarrow.compute as pc
+from datasets import Dataset, IterableDataset
+from datasets.distributed import split_dataset_by_node
+
+DROP = "_drop"  # reason to drop a row; "" keeps it
+FIRST = "_first"  # True on the first output row of each input document (blocks that split set it)
+BYTES_IN = "_bytes_in"  # the batch's input bytes, carried on its first row
+BYTES_OUT = "_bytes_out"  # UTF-8 bytes of the row's text after the block
+HELPER_COLUMNS = [DROP, FIRST, BYTES_IN, BYTES_OUT]
+
+
+@dataclass
+class BlockStats:
+    block: str
+    documents_in: int = 0
+    documents_out: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)  # block-specific counters (tokens, clusters, splits, ...)
+
+    def add(self, other: BlockStats) -> None:
+        """Merge another shard's counters into these."""
+        for name in ("documents_in", "documents_out", "bytes_in", "bytes_out", "seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for reason, n in other.dropped.items():
+            self.dropped[reason] = self.dropped.get(reason, 0) + n
+        for key, value in other.extra.items():
+            if isinstance(value, (int, float)) and isinstance(self.extra.get(key, 0), (int, float)):
+                self.extra[key] = self.extra.get(key, 0) + value
+            else:
+                self.extra[key] = value
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    def summary(self) -> str:
+        dropped = ", ".join(f"{reason} {n:,}" for reason, n in sorted(self.dropped.items(), key=lambda x: -x[1]))
+        rate = self.documents_in / self.seconds if self.seconds else 0.0
+        return (
+            f"{self.block:<16} {self.documents_in:>10,} -> {self.documents_out:>10,} docs"
+            f"  {self.bytes_in / 1e6:9.1f} -> {self.bytes_out / 1e6:9.1f} MB  {rate:9,.0f} docs/s"
+            + (f"  dropped: {dropped}" if dropped else "")
+        )
+
+
+def text_bytes(texts: list[str | None]) -> list[int]:
+    return [len(t.encode("utf-8", "surrogatepass")) if t else 0 for t in texts]
+
+
+def shard(data: Dataset | IterableDataset, rank: int, world_size: int) -> Dataset | IterableDataset:
+    """This rank's part of `data` (contiguous for a Dataset, so the order within a shard is kept)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} is invalid for world_size={world_size}: use 0 <= rank < world_size.")
+    if world_size == 1:
+        return data
+    if isinstance(data, IterableDataset):
+        return split_dataset_by_node(data, rank=rank, world_size=world_size)
+    return data.shard(num_shards=world_size, index=rank, contiguous=True)
+
+
+class Block:
+    """A step of the chain. Subclasses set `name` and implement `process(batch) -> batch with DROP`."""
+
+    name = "block"
+    text_column = "text"
+    batch_size = 1000
+
+    def __init__(self):
+        self.stats = BlockStats(self.name)
+
+    def process(self, batch: dict[str, list]) -> dict[str, list]:
+        raise NotImplementedError
+
+    def _process(self, batch: dict[str, list]) -> dict[str, list]:
+        n_in = len(batch[self.text_column])
+        bytes_in = sum(text_bytes(batch[self.text_column]))
+        out = self.process(batch)
+        n_out = len(out[self.text_column])
+        if FIRST not in out:
+            if n_out != n_in:
+                raise RuntimeError(f"{self.name}.process changed the number of rows: it must return {FIRST!r}.")
+            out[FIRST] = [True] * n_out
+        out.setdefault(DROP, [""] * n_out)
+        out[BYTES_IN] = [bytes_in if i == 0 else 0 for i in range(n_out)]
+        out[BYTES_OUT] = text_bytes(out[self.text_column])
+        return out
+
+    def run(
+        self, data: Dataset | IterableDataset, rank: int = 0, world_size: int = 1, num_proc: int | None = None
+    ) -> Dataset | IterableDataset:
+        """This rank's shard of `data` through the block: kept rows only; counters in `self.stats`."""
+        data = shard(data, rank, world_size)
+        if data.column_names is not None and self.text_column not in data.column_names:
+            raise ValueError(
+                f"{self.name}: text_column={self.text_column!r} is not in the data; columns are {data.column_names}."
+            )
+        self.stats = BlockStats(self.name)
+        start = time.perf_counter()
+        if isinstance(data, IterableDataset):
+            return self._run_streaming(data, start)
+        marked = data.map(
+            self._process,
+            batched=True,
+            batch_size=self.batch_size,
+            num_proc=num_proc,
+            remove_columns=data.column_names,
+            desc=self.name,
+        )
+        table = marked.data  # fresh from map: no indices mapping, so the Arrow columns are the rows
+        drop = table.column(DROP)
+        keep = pc.equal(drop, "")
+        self.stats.documents_in = pc.sum(table.column(FIRST)).as_py() or 0
+        self.stats.bytes_in = pc.sum(table.column(BYTES_IN)).as_py() or 0
+        self.stats.bytes_out = pc.sum(pc.if_else(keep, table.column(BYTES_OUT), 0)).as_py() or 0
+        counts = pc.value_counts(drop).to_pylist()
+        self.stats.dropped = {c["values"]: c["counts"] for c in counts if c["values"]}
+        kept = marked.filter(lambda d: [x == "" for x in d], input_columns=[DROP], batched=True, num_proc=num_proc)
+        kept = kept.remove_columns(HELPER_COLUMNS)
+        self.stats.documents_out = len(kept)
+        self.stats.seconds = time.perf_counter() - start
+        self.finish(kept)
+        return kept
+
+    def _run_streaming(self, data: IterableDataset, start: float) -> IterableDataset:
+        stats = self.stats
+
+        def count(example: dict) -> bool:
+            stats.documents_in += bool(example[FIRST])
+            stats.bytes_in += example[BYTES_IN]
+            stats.seconds = time.perf_counter() - start
+            if example[DROP]:
+                stats.dropped[example[DROP]] = stats.dropped.get(example[DROP], 0) + 1
+                return False
+            stats.documents_out += 1
+            stats.bytes_out += example[BYTES_OUT]
+            return True
+
+        marked = data.map(self._process, batched=True, batch_size=self.batch_size, remove_columns=data.column_names)
+        return marked.filter(count).remove_columns(HELPER_COLUMNS)
+
+    def finish(self, kept: Dataset) -> None:
+        """Hook after a (non-streaming) run: blocks add their own counters to `self.stats.extra`."""
