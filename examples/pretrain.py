@@ -157,7 +157,7 @@ def prepare_data(data_args: DataArguments, args: PretrainingArguments, vocab_siz
         heldout, heldout_stats = pack_heldout(splits["heldout"], pack)
     if args.process_index == 0:
         source = data_args.dataset_path or f"embedded corpus ({corpus['train'].parent})"
-        print(f"[data] {source}: {train_stats.documents} train / {len(splits['heldout'])} held-out documents")
+        print(f"[data] {source}: {train_stats.documents_in} train / {len(splits['heldout'])} held-out documents")
         sample_split = "heldout" if len(splits["heldout"]) else "train"
         sample = splits[sample_split][data_args.text_column][:200]
         print(
@@ -166,9 +166,10 @@ def prepare_data(data_args: DataArguments, args: PretrainingArguments, vocab_siz
         )
         for name, stats in (("train", train_stats), ("held-out", heldout_stats)):
             if stats:
+                c = stats.extra
                 print(
-                    f"[pack] {name}: {stats.tokens:,} tokens -> {stats.blocks:,} blocks of {stats.seq_len} "
-                    f"({stats.dropped_tokens:,} tail tokens dropped){' [reused cache]' if stats.reused_cache else ''}"
+                    f"[pack] {name}: {c['tokens']:,} tokens -> {c['blocks']:,} blocks of {c['seq_len']} "
+                    f"({c['tail_tokens_dropped']:,} tail tokens dropped){' [reused cache]' if c['reused_cache'] else ''}"
                 )
     return tokenizer, train, heldout
 

@@ -4,6 +4,7 @@ hf-pretrain doctor --config 0.9b --seq-len 2048 --dtype bf16 --packed
 hf-pretrain advise-restart --elapsed-hours 24 --remaining-hours 144 --speedup 20% --hours-since-checkpoint 1
 hf-pretrain report runs/tiny
 hf-pretrain trial --config gpt2-124m --recipes bf16,fp8,te-fp8,te-nvfp4 --steps 30 --warmup-steps 5
+hf-pretrain data clean|filter|dedup|train-tokenizer|pack|prepare ...   (see hf_pretrain/data/cli.py)
 """
 
 from __future__ import annotations
@@ -167,12 +168,19 @@ def plot_schedule_cli(argv: list[str]) -> int:
     return 0
 
 
+def data_cli(argv: list[str]) -> int:
+    from .data.cli import main as data_main
+
+    return data_main(argv)
+
+
 COMMANDS = {
     "doctor": doctor,
     "advise-restart": advise_restart_cli,
     "report": report,
     "trial": trial,
     "plot-schedule": plot_schedule_cli,
+    "data": data_cli,
 }
 
 

@@ -2,11 +2,11 @@
 
 from .collator import PackedDocumentCollator
 from .corpus import embedded_documents, load_text_dataset, write_embedded_corpus
-from .packing import PackStats, pack_dataset
+from .packing import Pack, pack_dataset
 from .tokenizer import bytes_per_token, load_or_train_tokenizer, train_bpe_tokenizer
 
 __all__ = [
-    "PackStats",
+    "Pack",
     "PackedDocumentCollator",
     "bytes_per_token",
     "embedded_documents",

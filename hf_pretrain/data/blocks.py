@@ -89,6 +89,21 @@ def shard(data: Dataset | IterableDataset, rank: int, world_size: int) -> Datase
     return data.shard(num_shards=world_size, index=rank, contiguous=True)
 
 
+def count_and_keep(marked: Dataset, stats: BlockStats, num_proc: int | None = None) -> Dataset:
+    """Fill `stats` from the helper columns of `marked` (fresh from a map or a generator) and keep the "" rows."""
+    table = marked.data  # no indices mapping yet, so the Arrow columns are the rows
+    drop = table.column(DROP)
+    keep = pc.equal(drop, "")
+    stats.documents_in = pc.sum(table.column(FIRST)).as_py() or 0
+    stats.bytes_in = pc.sum(table.column(BYTES_IN)).as_py() or 0
+    stats.bytes_out = pc.sum(pc.if_else(keep, table.column(BYTES_OUT), 0)).as_py() or 0
+    stats.dropped = {c["values"]: c["counts"] for c in pc.value_counts(drop).to_pylist() if c["values"]}
+    kept = marked.filter(lambda d: [x == "" for x in d], input_columns=[DROP], batched=True, num_proc=num_proc)
+    kept = kept.remove_columns(HELPER_COLUMNS)
+    stats.documents_out = len(kept)
+    return kept
+
+
 class Block:
     """A step of the chain. Subclasses set `name` and implement `process(batch) -> batch with DROP`."""
 
@@ -129,6 +144,8 @@ class Block:
         start = time.perf_counter()
         if isinstance(data, IterableDataset):
             return self._run_streaming(data, start)
+        if len(data) == 0:  # map never calls process on zero rows: nothing to mark or count
+            return data
         marked = data.map(
             self._process,
             batched=True,
@@ -137,17 +154,7 @@ class Block:
             remove_columns=data.column_names,
             desc=self.name,
         )
-        table = marked.data  # fresh from map: no indices mapping, so the Arrow columns are the rows
-        drop = table.column(DROP)
-        keep = pc.equal(drop, "")
-        self.stats.documents_in = pc.sum(table.column(FIRST)).as_py() or 0
-        self.stats.bytes_in = pc.sum(table.column(BYTES_IN)).as_py() or 0
-        self.stats.bytes_out = pc.sum(pc.if_else(keep, table.column(BYTES_OUT), 0)).as_py() or 0
-        counts = pc.value_counts(drop).to_pylist()
-        self.stats.dropped = {c["values"]: c["counts"] for c in counts if c["values"]}
-        kept = marked.filter(lambda d: [x == "" for x in d], input_columns=[DROP], batched=True, num_proc=num_proc)
-        kept = kept.remove_columns(HELPER_COLUMNS)
-        self.stats.documents_out = len(kept)
+        kept = count_and_keep(marked, self.stats, num_proc)
         self.stats.seconds = time.perf_counter() - start
         self.finish(kept)
         return kept

@@ -19,7 +19,9 @@ import inspect
 import json
 from pathlib import Path
 
-from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from datasets import Dataset, DatasetDict, load_from_disk
+
+from .read import ReadFiles, list_files
 
 STDLIB_MODULES = (
     "argparse",
@@ -58,14 +60,6 @@ STDLIB_MODULES = (
     "urllib.parse",
     "zipfile",
 )
-TEXT_SUFFIXES = {
-    ".txt": "text",
-    ".md": "text",
-    ".jsonl": "json",
-    ".json": "json",
-    ".arrow": "arrow",
-    ".parquet": "parquet",
-}
 
 
 def _split_paragraphs(text: str, max_chars: int) -> list[str]:
@@ -119,27 +113,23 @@ def write_embedded_corpus(out_dir: str | Path, heldout_fraction: float = 0.05) -
     return paths
 
 
-def load_text_dataset(path: str | Path, text_column: str = "text", heldout_fraction: float = 0.05) -> DatasetDict:
+def load_text_dataset(
+    path: str | Path, text_column: str = "text", heldout_fraction: float = 0.05, num_proc: int | None = None
+) -> DatasetDict:
     """Load the user's data: jsonl/json/text/parquet/arrow files, a folder of them, or a `save_to_disk` folder.
 
     Returns a `DatasetDict` with `train` and `heldout`; an existing `heldout`/`validation`/`test` split is
-    used as is, otherwise documents are split by hash (see `is_heldout`).
+    used as is, otherwise documents are split by hash (see `is_heldout`). Lines that are not documents
+    (malformed JSON, invalid UTF-8, ...) are dropped by `ReadFiles` and their counts printed.
     """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"dataset_path={str(path)!r} does not exist; pass a file, a folder of files, or a save_to_disk folder."
-        )
-    if (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists():
+    kind, _ = list_files(path, field="dataset_path")
+    if kind == "disk":
         data = load_from_disk(str(path))
     else:
-        files = sorted(p for p in (path.rglob("*") if path.is_dir() else [path]) if p.suffix in TEXT_SUFFIXES)
-        kinds = {TEXT_SUFFIXES[p.suffix] for p in files}
-        if len(kinds) != 1:
-            raise ValueError(
-                f"dataset_path={str(path)!r}: expected files of one kind among {sorted(TEXT_SUFFIXES)}, found {sorted(kinds) or 'none'}."
-            )
-        data = load_dataset(kinds.pop(), data_files=[str(p) for p in files], split="train")
+        reader = ReadFiles(text_column)
+        data = reader.run(path, num_proc=num_proc)
+        if reader.stats.dropped:
+            print(f"[data] {path}: {reader.stats.summary()}")
     if isinstance(data, Dataset):
         data = DatasetDict(train=data)
     if text_column not in data["train"].column_names:

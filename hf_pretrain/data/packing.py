@@ -1,38 +1,49 @@
 """Tokenize and pack documents into fixed-length blocks, cached as Arrow on disk.
 
-Documents are tokenized in batches (`datasets.map`, `num_proc` workers), each followed by the EOS
-token, concatenated and cut into blocks of `seq_len` tokens, the classic GPT recipe: no padding,
-every token trains. The tail of each batch of `batch_size` documents that does not fill a block is dropped and
-counted (`PackStats.dropped_tokens`), never lost silently. Attention still crosses document boundaries
-inside a block here; document-aware masks come with the attention backends.
+Every document is tokenized (`datasets.map`, `num_proc` workers) and followed by the EOS token,
+which is what the collator uses to keep documents apart (position ids restarting after each EOS,
+see `collator.py`). Two ways to fill blocks of `seq_len` tokens (default 4096; the CPU example
+uses 256):
 
-The packed dataset is saved with `save_to_disk` under a key made of the source dataset's
-fingerprint, the tokenizer's hash and `seq_len`, so a second run with the same inputs reuses it.
+- `concat` (GPT recipe): concatenate a batch of `batch_size` documents and cut the stream into
+  blocks. No padding, every token trains; documents are cut at block edges, and the tail of each
+  batch that does not fill a block is dropped (`tail_tokens_dropped`).
+- `best_fit` (best-fit decreasing bin packing, as in "Fewer Truncations Improve Language
+  Modeling", Ding et al. 2024): whole documents are placed, longest first, into the block with
+  the least room that still fits them, so no document is cut unless it is longer than a block
+  (then it is cropped into block-sized pieces, `cropped_documents`, no token lost). Rows are the
+  documents of a block, unpadded; the collator pads a batch to its longest row rounded up to a
+  multiple of 8 (`pad_to_multiple_of`). `padding_to_block` reports what padding every row to
+  `seq_len` would cost and `padding_multiple_of_8` what rounding each row costs.
+
+Counters (`Pack.stats`, a `BlockStats`): documents in, blocks out, `tokens` (with EOS),
+`packed_tokens`, `tail_tokens_dropped` (concat), `cropped_documents`, `padding_to_block`,
+`padding_multiple_of_8` (best_fit). No token is lost or duplicated except the reported tail
+(tested). The counters are carried in helper columns on each batch's first row, so they are
+right with worker processes.
+
+`pack_dataset` caches the packed dataset with `save_to_disk` under a key made of the source
+dataset's fingerprint, the tokenizer's hash, the mode and `seq_len`, so a second run reuses it.
+Written by hand: `datasets` and `transformers` have the tokenization, not the packing.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+import time
 from pathlib import Path
 
+import numpy as np
+import pyarrow.compute as pc
 from datasets import Dataset, load_from_disk
 from transformers import PreTrainedTokenizerBase
 
+from .blocks import BlockStats, shard
 
-@dataclass
-class PackStats:
-    documents: int
-    tokens: int
-    blocks: int
-    seq_len: int
-    dropped_tokens: int
-    reused_cache: bool
-
-    @property
-    def packed_tokens(self) -> int:
-        return self.blocks * self.seq_len
+MODES = ("concat", "best_fit")
+COUNTERS = ("_documents", "_tokens", "_tail", "_cropped", "_bytes")
 
 
 def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -42,14 +53,121 @@ def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
     return hashlib.sha1(state.encode("utf-8")).hexdigest()[:16]
 
 
-def _tokenize(batch: dict, tokenizer, text_column: str) -> dict:
-    ids = tokenizer(batch[text_column], add_special_tokens=False)["input_ids"]
-    return {"input_ids": [doc + [tokenizer.eos_token_id] for doc in ids]}
+def best_fit(documents: list[list[int]], seq_len: int) -> tuple[list[list[int]], int]:
+    """Best-fit decreasing: rows of whole documents (longer ones cropped into `seq_len` pieces); returns
+    (rows, documents cropped). Deterministic: ties go to the earliest opened row."""
+    pieces, cropped = [], 0
+    for doc in documents:
+        if len(doc) > seq_len:
+            cropped += 1
+            pieces += [doc[i : i + seq_len] for i in range(0, len(doc), seq_len)]
+        else:
+            pieces.append(doc)
+    order = sorted(range(len(pieces)), key=lambda i: (-len(pieces[i]), i))
+    rows: list[list[int]] = []
+    room: list[tuple[int, int]] = []  # (free tokens, row index), sorted
+    for i in order:
+        need = len(pieces[i])
+        at = bisect.bisect_left(room, (need, -1))
+        if at == len(room):  # nothing fits: open a row
+            rows.append(list(pieces[i]))
+            bisect.insort(room, (seq_len - need, len(rows) - 1))
+            continue
+        free, row = room.pop(at)
+        rows[row] += pieces[i]
+        bisect.insort(room, (free - need, row))
+    return rows, cropped
 
 
-def _pack(batch: dict, seq_len: int) -> dict:
-    stream = [tok for doc in batch["input_ids"] for tok in doc]
-    return {"input_ids": [stream[i : i + seq_len] for i in range(0, len(stream) - seq_len + 1, seq_len)]}
+class Pack:
+    """Tokenize + pack (`run(data, rank, world_size, num_proc)` -> a Dataset of `input_ids` rows)."""
+
+    name = "pack"
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        seq_len: int = 4096,
+        mode: str = "concat",
+        text_column: str = "text",
+        batch_size: int = 1000,
+    ):
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r} is invalid; use one of {list(MODES)}.")
+        if tokenizer.eos_token_id is None:
+            raise ValueError(
+                "The tokenizer has no eos_token: packing needs one to separate documents. Set tokenizer.eos_token."
+            )
+        if seq_len < 8:
+            raise ValueError(f"seq_len={seq_len} is too small; use at least 8 (4096 is typical).")
+        self.tokenizer, self.seq_len, self.mode = tokenizer, seq_len, mode
+        self.text_column, self.batch_size = text_column, batch_size
+        self.stats = BlockStats(self.name)
+
+    def _pack(self, batch: dict) -> dict:
+        ids = self.tokenizer(batch[self.text_column], add_special_tokens=False)["input_ids"]
+        docs = [doc + [self.tokenizer.eos_token_id] for doc in ids]
+        tokens = sum(len(d) for d in docs)
+        if self.mode == "concat":
+            stream = [t for d in docs for t in d]
+            usable = len(stream) - len(stream) % self.seq_len
+            rows, tail, cropped = (
+                [stream[i : i + self.seq_len] for i in range(0, usable, self.seq_len)],
+                len(stream) - usable,
+                0,
+            )
+        else:
+            (rows, cropped), tail = best_fit(docs, self.seq_len), 0
+        counters = [len(docs), tokens, tail, cropped, sum(len(t.encode("utf-8")) for t in batch[self.text_column])]
+        out = {"input_ids": rows or [[]]}  # an empty marker row carries the counters of a batch that packs nothing
+        for name, value in zip(COUNTERS, counters, strict=True):
+            out[name] = [value] + [0] * (len(out["input_ids"]) - 1)
+        return out
+
+    def run(self, data: Dataset, rank: int = 0, world_size: int = 1, num_proc: int | None = None) -> Dataset:
+        data = shard(data, rank, world_size)
+        if self.text_column not in data.column_names:
+            raise ValueError(f"text_column={self.text_column!r} is not in the data; columns are {data.column_names}.")
+        start = time.perf_counter()
+        marked = data.map(
+            self._pack,
+            batched=True,
+            batch_size=self.batch_size,
+            num_proc=num_proc,
+            remove_columns=data.column_names,
+            desc=f"pack {self.mode} {self.seq_len}",
+        )
+        sums = {name: pc.sum(marked.data.column(name)).as_py() or 0 for name in COUNTERS}
+        lengths = np.asarray(pc.list_value_length(marked.data.column("input_ids")))  # fresh from map: the rows
+        lengths = lengths[lengths > 0]
+        packed = marked.filter(lambda ids: [len(x) > 0 for x in ids], input_columns=["input_ids"], batched=True)
+        packed = packed.remove_columns(list(COUNTERS))
+        rows, packed_tokens = len(lengths), int(lengths.sum())
+        self.stats = BlockStats(
+            self.name,
+            documents_in=sums["_documents"],
+            documents_out=rows,
+            bytes_in=sums["_bytes"],
+            dropped={"tail_tokens": sums["_tail"]} if sums["_tail"] else {},
+            seconds=time.perf_counter() - start,
+            extra={
+                "mode": self.mode,
+                "seq_len": self.seq_len,
+                "tokens": sums["_tokens"],
+                "blocks": rows,
+                "packed_tokens": packed_tokens,
+                "tail_tokens_dropped": sums["_tail"],
+                "cropped_documents": sums["_cropped"],
+                "padding_to_block": rows * self.seq_len - packed_tokens,
+                "padding_multiple_of_8": int((-(-lengths // 8) * 8).sum()) - packed_tokens,
+            },
+        )
+        if rows == 0:
+            raise ValueError(
+                f"No {self.seq_len}-token block could be packed from {sums['_documents']} documents "
+                f"({sums['_tokens']} tokens); lower seq_len or add data."
+            )
+        return packed
 
 
 def pack_dataset(
@@ -60,35 +178,20 @@ def pack_dataset(
     text_column: str = "text",
     num_proc: int | None = None,
     batch_size: int = 1000,
-) -> tuple[Dataset, PackStats]:
-    """Packed blocks of `seq_len` tokens (column `input_ids`) and their counters."""
-    if tokenizer.eos_token_id is None:
-        raise ValueError(
-            "The tokenizer has no eos_token: packing needs one to separate documents. Set tokenizer.eos_token."
-        )
-    key = f"{dataset._fingerprint}-{tokenizer_hash(tokenizer)}-{seq_len}-{batch_size}"
+    mode: str = "concat",
+) -> tuple[Dataset, BlockStats]:
+    """Packed blocks (column `input_ids`) and their counters; reused from `cache_dir` when the inputs match
+    (`stats.extra["reused_cache"]`)."""
+    key = f"{dataset._fingerprint}-{tokenizer_hash(tokenizer)}-{seq_len}-{batch_size}-{mode}"
     path = Path(cache_dir) / f"packed-{hashlib.sha1(key.encode()).hexdigest()[:16]}"
     stats_path = path / "pack_stats.json"
     if stats_path.exists():
-        stats = PackStats(**{**json.loads(stats_path.read_text()), "reused_cache": True})
+        stats = BlockStats(**json.loads(stats_path.read_text()))
+        stats.extra["reused_cache"] = True
         return load_from_disk(str(path)), stats
-    tokenized = dataset.map(
-        _tokenize,
-        fn_kwargs={"tokenizer": tokenizer, "text_column": text_column},
-        batched=True,
-        remove_columns=dataset.column_names,
-        num_proc=num_proc,
-        desc="tokenize",
-    )
-    tokens = sum(len(ids) for ids in tokenized["input_ids"])
-    packed = tokenized.map(
-        _pack, fn_kwargs={"seq_len": seq_len}, batched=True, batch_size=batch_size, desc=f"pack {seq_len}"
-    )
-    if len(packed) == 0:
-        raise ValueError(
-            f"No {seq_len}-token block could be packed from {len(dataset)} documents ({tokens} tokens); lower seq_len or add data."
-        )
-    stats = PackStats(len(dataset), tokens, len(packed), seq_len, tokens - len(packed) * seq_len, False)
+    pack = Pack(tokenizer, seq_len, mode, text_column, batch_size)
+    packed = pack.run(dataset, num_proc=num_proc)
     packed.save_to_disk(str(path))
-    stats_path.write_text(json.dumps(asdict(stats)))
-    return packed, stats
+    pack.stats.save(stats_path)
+    pack.stats.extra["reused_cache"] = False
+    return load_from_disk(str(path)), pack.stats

@@ -104,16 +104,17 @@ def test_packing_counts_every_token_and_reuses_its_cache(tokenizer, tmp_path):
     packed, stats = pack_dataset(docs, tokenizer, seq_len=64, cache_dir=tmp_path)
     encoded = tokenizer(list(docs["text"]), add_special_tokens=False)["input_ids"]
     stream = [tok for ids in encoded for tok in (*ids, tokenizer.eos_token_id)]
-    assert stats.tokens == len(stream) and stats.documents == 300
-    assert stats.blocks == len(packed) and all(len(ids) == 64 for ids in packed["input_ids"])
-    assert stats.packed_tokens + stats.dropped_tokens == stats.tokens
-    assert 0 <= stats.dropped_tokens < 64 and not stats.reused_cache
+    counts = stats.extra
+    assert counts["tokens"] == len(stream) and stats.documents_in == 300
+    assert counts["blocks"] == len(packed) and all(len(ids) == 64 for ids in packed["input_ids"])
+    assert counts["packed_tokens"] + counts["tail_tokens_dropped"] == counts["tokens"]
+    assert 0 <= counts["tail_tokens_dropped"] < 64 and not counts["reused_cache"]
     # Blocks are the EOS-separated document stream cut in order; only the tail is dropped.
-    assert [tok for ids in packed["input_ids"] for tok in ids] == stream[: stats.packed_tokens]
+    assert [tok for ids in packed["input_ids"] for tok in ids] == stream[: counts["packed_tokens"]]
     again, stats_again = pack_dataset(docs, tokenizer, seq_len=64, cache_dir=tmp_path)
-    assert stats_again.reused_cache and again["input_ids"] == packed["input_ids"]
+    assert stats_again.extra["reused_cache"] and again["input_ids"] == packed["input_ids"]
     _, other = pack_dataset(docs, tokenizer, seq_len=32, cache_dir=tmp_path)
-    assert not other.reused_cache and other.blocks > stats.blocks
+    assert not other.extra["reused_cache"] and other.extra["blocks"] > counts["blocks"]
 
 
 def test_packing_too_little_data_is_a_clear_error(tokenizer, tmp_path):

@@ -1,0 +1,81 @@
+"""Launched by test_distributed.py (under `accelerate launch` or alone): a short run of the tiny preset.
+
+Usage: python tests/distributed/dist_run.py OUTPUT_DIR PER_DEVICE_BATCH [DEEPSPEED_CONFIG]
+Writes OUTPUT_DIR/rank-<r>.json: the per-step losses, a checksum of every parameter (gathered under
+ZeRO-3) and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model.
+"""
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from hf_pretrain import PretrainForCausalLM, PretrainTrainer, get_preset
+from tests.conftest import quick_args
+
+STEPS, GLOBAL_BATCH, SEQ = 6, 8, 32
+
+
+class Losses(TrainerCallback):
+    def __init__(self):
+        self.losses = {}
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.losses[state.global_step] = logs["loss"]
+
+
+def parameters_digest(trainer) -> str:
+    digest = hashlib.sha256()
+    model = trainer.model_wrapped if hasattr(trainer.model_wrapped, "module") else trainer.model
+    params = list(trainer.model.named_parameters())
+    if trainer.is_deepspeed_enabled:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([p for _, p in params]):
+            for _, p in params:
+                digest.update(p.detach().float().cpu().numpy().tobytes())
+    else:
+        for _, p in params:
+            digest.update(p.detach().float().cpu().numpy().tobytes())
+    del model
+    return digest.hexdigest()
+
+
+def main(output_dir: str, per_device: int, deepspeed: str | None = None) -> None:
+    torch.manual_seed(0)
+    data = torch.randint(3, 500, (GLOBAL_BATCH * STEPS, SEQ), generator=torch.Generator().manual_seed(1))
+    args = quick_args(
+        output_dir,
+        max_steps=STEPS,
+        per_device_train_batch_size=per_device,
+        learning_rate=3e-3,
+        measure_peak_tflops=False,
+        telemetry=False,
+        seed=0,
+        deepspeed=deepspeed,
+    )
+    model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=2))
+    losses = Losses()
+    dataset = Dataset.from_dict({"input_ids": data.tolist(), "labels": data.tolist()})
+    trainer = PretrainTrainer(model=model, args=args, train_dataset=dataset)
+    trainer.add_callback(losses)
+    trainer.train()
+    record = {"losses": losses.losses, "world_size": args.world_size, "digest": parameters_digest(trainer)}
+    probe = data[:2]
+    with torch.no_grad():  # every rank takes part (ZeRO-3 gathers the weights for the forward)
+        logits = trainer.model_wrapped(input_ids=probe.to(args.device)).logits.float().cpu()
+    if args.process_index == 0:
+        record["logits"] = logits.tolist()
+    trainer.save_model(str(Path(output_dir) / "model"))
+    Path(output_dir, f"rank-{args.process_index}.json").write_text(json.dumps(record))
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
