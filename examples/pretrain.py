@@ -101,6 +101,8 @@ class DataArguments:
     separate_documents: bool = field(
         default=True, metadata={"help": "Keep attention and positions within each packed document (False: GPT-style)."}
     )
+    clean: bool = field(default=True, metadata={"help": "Clean and quality-filter documents (hf_pretrain.data.clean)."})
+    dedup: bool = field(default=True, metadata={"help": "Remove exact and near-duplicate training documents."})
 
 
 def parse_args(argv: list[str] | None = None):
@@ -139,6 +141,7 @@ def prepare_data(data_args: DataArguments, args: PretrainingArguments, vocab_siz
         else:
             corpus = write_embedded_corpus(cache / "corpus", data_args.heldout_fraction)
             splits = load_text_dataset(cache / "corpus")
+        splits, steps = clean_and_dedup(splits, data_args)
         if data_args.tokenizer_name_or_path:
             from transformers import AutoTokenizer
 
@@ -158,6 +161,8 @@ def prepare_data(data_args: DataArguments, args: PretrainingArguments, vocab_siz
     if args.process_index == 0:
         source = data_args.dataset_path or f"embedded corpus ({corpus['train'].parent})"
         print(f"[data] {source}: {train_stats.documents_in} train / {len(splits['heldout'])} held-out documents")
+        for stats in steps:
+            print(f"[data] {stats.summary()}")
         sample_split = "heldout" if len(splits["heldout"]) else "train"
         sample = splits[sample_split][data_args.text_column][:200]
         print(
@@ -172,6 +177,25 @@ def prepare_data(data_args: DataArguments, args: PretrainingArguments, vocab_siz
                     f"({c['tail_tokens_dropped']:,} tail tokens dropped){' [reused cache]' if c['reused_cache'] else ''}"
                 )
     return tokenizer, train, heldout
+
+
+def clean_and_dedup(splits, data_args: DataArguments):
+    """The chain's document blocks on the splits: clean both, dedup the training documents."""
+    from hf_pretrain.data.clean import Clean
+    from hf_pretrain.data.dedup import ExactDedup, MinHashDedup
+
+    steps = []
+    if data_args.clean:
+        for name in ("train", "heldout"):
+            block = Clean(text_column=data_args.text_column)
+            splits[name] = block.run(splits[name], num_proc=data_args.num_proc)
+            block.stats.block = f"clean {name}"
+            steps.append(block.stats)
+    if data_args.dedup:
+        for block in (ExactDedup(data_args.text_column), MinHashDedup(data_args.text_column, verbose=False)):
+            splits["train"] = block.run(splits["train"], num_proc=data_args.num_proc)
+            steps.append(block.stats)
+    return splits, steps
 
 
 def pack_heldout(heldout, pack: dict):

@@ -1,10 +1,12 @@
 """`hf-pretrain` command line: thin wrappers over library functions that the tests call directly.
 
 hf-pretrain doctor --config 0.9b --seq-len 2048 --dtype bf16 --packed
+torchrun --nproc_per_node 2 -m hf_pretrain.cli doctor --distributed
 hf-pretrain advise-restart --elapsed-hours 24 --remaining-hours 144 --speedup 20% --hours-since-checkpoint 1
 hf-pretrain report runs/tiny
 hf-pretrain trial --config gpt2-124m --recipes bf16,fp8,te-fp8,te-nvfp4 --steps 30 --warmup-steps 5
 hf-pretrain data clean|filter|dedup|train-tokenizer|pack|prepare ...   (see hf_pretrain/data/cli.py)
+hf-pretrain estimate-memory --preset llama2-7b --zero 3 --gpus 8 --seq 8192 --micro-batch 1 --device H100
 """
 
 from __future__ import annotations
@@ -20,6 +22,15 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def doctor(argv: list[str]) -> int:
+    if "--distributed" in argv:  # every rank of a launched job: versions, GPUs, rendezvous, links
+        from .distributed.doctor import run_doctor
+
+        parser = argparse.ArgumentParser(prog="hf-pretrain doctor --distributed")
+        parser.add_argument("--distributed", action="store_true")
+        parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the rendezvous")
+        parser.add_argument("--megabytes", type=float, default=4.0, help="size of the timed all-reduce")
+        args = parser.parse_args(argv)
+        return run_doctor(args.timeout, args.megabytes)
     from .modeling.attention import Environment
     from .preflight.attention import attention_preflight
     from .presets import load_config
@@ -168,6 +179,12 @@ def plot_schedule_cli(argv: list[str]) -> int:
     return 0
 
 
+def estimate_memory_cli(argv: list[str]) -> int:
+    from .distributed.memory import cli
+
+    return cli(argv)
+
+
 def data_cli(argv: list[str]) -> int:
     from .data.cli import main as data_main
 
@@ -181,6 +198,7 @@ COMMANDS = {
     "trial": trial,
     "plot-schedule": plot_schedule_cli,
     "data": data_cli,
+    "estimate-memory": estimate_memory_cli,
 }
 
 

@@ -33,3 +33,12 @@ def test_resume_benchmark_agrees_on_the_next_batch_and_prints_ratios(capsys):
     ratios = load("resume").main(["--samples", "20000", "--positions", "10", "1000"])
     assert set(ratios) == {10, 1000} and all(r > 0 for r in ratios.values())
     assert "positioned" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_data_pipeline_benchmark_runs_every_step(tmp_path, capsys):
+    rates = load("data_pipeline").main(
+        ["--mb", "0.3", "--vocab-size", "400", "--seq-len", "128", "--workdir", str(tmp_path)]
+    )
+    assert {"read", "clean", "exact_dedup", "minhash_dedup", "tokenizer", "pack train"} <= set(rates)
+    assert "tokens/s" in capsys.readouterr().out

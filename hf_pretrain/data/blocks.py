@@ -46,18 +46,6 @@ class BlockStats:
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)  # block-specific counters (tokens, clusters, splits, ...)
 
-    def add(self, other: BlockStats) -> None:
-        """Merge another shard's counters into these."""
-        for name in ("documents_in", "documents_out", "bytes_in", "bytes_out", "seconds"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for reason, n in other.dropped.items():
-            self.dropped[reason] = self.dropped.get(reason, 0) + n
-        for key, value in other.extra.items():
-            if isinstance(value, (int, float)) and isinstance(self.extra.get(key, 0), (int, float)):
-                self.extra[key] = self.extra.get(key, 0) + value
-            else:
-                self.extra[key] = value
-
     def to_dict(self) -> dict:
         return asdict(self)
 

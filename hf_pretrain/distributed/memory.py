@@ -1,0 +1,438 @@
+"""Per-GPU training memory of a `PretrainConfig` under ZeRO 0-3: model states, activations, loss, headroom.
+
+`estimate_memory(config, zero, gpus, precision, seq_len, micro_batch, ...)` returns a `MemoryEstimate` in
+bytes per GPU; `format_estimate` prints it as one screen; `cli(argv)` is `hf-pretrain estimate-memory`.
+Every number is a formula of the config (no model is built), so it prices a 7B on a laptop.
+
+Model states (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+Models", section 3.1 and figure 1), Psi = parameters, N = `gpus`:
+
+| precision | weights | gradients | optimizer states (Adam) |
+|---|---|---|---|
+| `bf16` / `fp16` (mixed) | 2 Psi | 2 Psi | 12 Psi: fp32 master weights, m, v |
+| `fp8` (torchao) | 2 Psi | 2 Psi | 12 Psi: torchao keeps bf16 weights and casts to fp8 per matmul: priced as bf16 |
+| `fp32` | 4 Psi | 4 Psi | 8 Psi: m, v |
+
+ZeRO-1 divides the optimizer states by N, ZeRO-2 also the gradients, ZeRO-3 also the weights. ZeRO-3 must
+still hold one unit (a decoder layer, or the vocabulary matrix when that is larger) gathered in full while it
+computes, with that unit's gradient before it is reduce-scattered: `zero3_gathered` = (weight + gradient
+bytes) x the largest unit, the "largest layer" term of DeepSpeed's own `estimate_zero3_model_states_mem_needs`.
+`offload=True` (ZeRO >= 1; DeepSpeed `offload_optimizer`, and with ZeRO-3 `offload_param`) moves the
+optimizer states to host memory, adds the fp32 gradient partition CPU Adam reads there (4 Psi / N), and with
+ZeRO-3 also moves the weights partition; `cpu_bytes` is what one rank needs on the host, the same
+2 + 4 + 12 = 18 bytes per parameter as DeepSpeed's estimator.
+
+Activations. Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+section 4) count s*b*h*(34 + 5*a*s/h) bytes per GPT layer in 16-bit: 34 s*b*h for the tensors saved for
+backward (11 attention + 19 MLP + 4 LayerNorm, dropout masks included) and 5*a*s^2*b for the score matrix, its
+softmax and dropout; a kernel that never materialises the scores (FlashAttention, SDPA's flash/efficient
+kernels) leaves 34 s*b*h. This model is not GPT, so the count here is what *its* autograd graph saves, per
+token and per layer, with e = 2 bytes per activation element in 16-bit (4 in fp32), q = heads x head_dim,
+k = kv_heads x head_dim, I = intermediate_size:
+
+- each RMSNorm (two per layer): its input upcast to fp32 (4h; in fp32 the input itself), the normalised
+  tensor (e*h) and the output the next matmuls read (e*h), plus the fp32 inverse RMS (4);
+- attention with a flash kernel: rotated q, rotated k, v (e*(q + 2k)), the output o_proj reads (e*q,
+  the same storage the kernel saves) and the fp32 log-sum-exp (4 per head). RoPE's cos/sin do not require
+  grad, so q and k before rotation are not kept; GQA runs natively (`enable_gqa`), so k and v are not
+  repeated. Without a flash kernel (eager, or SDPA's math path) k and v are repeated to q's heads
+  (e*4q) and the softmax is kept in fp32 plus its cast to e (a*s*(4 + e), or a*s*4 in fp32);
+- SwiGLU MLP: gate output, its SiLU, up output and their product (4*e*I).
+
+That is (8 + 4e)h + e(2q + 2k) + 4eI + 8 + 4a bytes per token per layer with flash attention: for
+llama2-7b in bf16 (k = q = h, I = 2.6875 h) 45.5 h + 8 + 4a bytes, 1.34 x Korthikanti's 34 h, the difference
+being the fp32 RMSNorm upcasts and the separate normalised tensors (+12 h), and SwiGLU's four I-wide tensors.
+The final RMSNorm adds one norm's worth, RoPE's cos/sin 2*s*head_dim*e bytes. With full activation
+checkpointing each layer keeps only its input (e*h per token) and one layer's working set is recomputed at a
+time (Korthikanti et al. section 4.1): L x e*h + one layer.
+
+The loss. The LM head's logits are upcast to fp32 and the cross-entropy saves fp32 log-probabilities; at the
+start of backward the log-probs, their gradient and the logits' gradient are alive at once: `logits` =
+12 x s x b x V bytes, whatever the precision (V = 32000 at 8K x 1 is 3.1 GB).
+
+`total` is the sum of the above, the steady state of a step in which gradient buffers stay allocated during
+forward and backward (DDP buckets, DeepSpeed's partitions, gradient accumulation). A single process that frees
+the gradients after every step (`zero_grad(set_to_none=True)`, no accumulation) peaks lower, by up to the
+gradients.
+
+What it leaves out: the CUDA context and kernels' modules (about 0.5-1 GB per GPU, not a tensor), allocator
+fragmentation and its cached blocks (5-15 % in long runs), temporary buffers of collectives (NCCL) and
+DeepSpeed's buckets (`reduce_bucket_size`, `allgather_bucket_size`, `stage3_prefetch_bucket_size`,
+`stage3_max_live_parameters` can hold far more than one unit), DDP's gradient buckets when they are not views
+of the gradients (`gradient_as_bucket_view=False` doubles the gradients), kernels' workspaces (cuBLAS, cuDNN,
+FlashAttention), a foreach (not fused) optimizer's temporaries (up to one more fp32 copy of the parameters),
+torchao's transient fp8 copies, the dense s x s mask eager attention builds (alive during forward), the
+Trainer's plain autocast path (`bf16=True` without DeepSpeed keeps fp32 weights and gradients: 4 + 4 + 8
+bytes per parameter, the same 16 in total, plus autocast's bf16 weight cache and fp32 residual stream), and
+pipeline or tensor parallelism (not modelled: every GPU holds all layers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+
+GiB = 1024**3
+
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+# precision -> (weight bytes, gradient bytes, optimizer-state bytes per parameter, activation element bytes)
+BYTES_PER_PARAMETER: dict[str, tuple[int, int, int, int]] = {
+    "bf16": (2, 2, 12, 2),
+    "fp16": (2, 2, 12, 2),
+    "fp8": (2, 2, 12, 2),
+    "fp32": (4, 4, 8, 4),
+}
+
+# Device memory in MiB: nvidia-smi's memory.total where known (an "80 GB" H100 shows 81559 MiB), else the
+# nominal size. Keys are matched like `telemetry.peaks.spec_tflops` (lower case, most specific first); a dict
+# holds the variants of one chip by their size in GB, the first one being the default.
+DEVICE_MEMORY_MIB: dict[str, int | dict[int, int]] = {
+    "gb200": 189_471,  # nominal 186 GB HBM3e per GPU
+    "b200": 183_359,
+    "gb10": 131_072,  # DGX Spark: 128 GB of unified memory shared with the CPU
+    "dgx spark": 131_072,
+    "h200": 143_771,
+    "h100 nvl": 95_830,
+    "h100": {80: 81_559, 94: 95_830},
+    "a100": {80: 81_920, 40: 40_960},
+    "l40s": 46_068,
+    "l40": 46_068,
+    "l4": 23_034,
+    "rtx 5090": 32_607,
+    "rtx 4090": 24_564,
+    "mi300x": 196_608,
+}
+
+
+def device_memory_bytes(name: str) -> int | None:
+    """Memory of a device named like `torch.cuda.get_device_name()` or `h100`, `a100-40`; None when unknown."""
+    lowered = re.sub(r"[-_]", " ", name.lower())
+    for key, mib in DEVICE_MEMORY_MIB.items():
+        if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", lowered):  # "l4" is not "l40s"
+            if isinstance(mib, dict):
+                sizes = [int(n) for n in re.findall(r"(?<![0-9])(\d+)\s*(?:gb|g)?(?![0-9])", lowered)]
+                mib = next((mib[n] for n in sizes if n in mib), next(iter(mib.values())))
+            return mib * 1024**2
+    return None
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes per GPU (and per rank on the host) of one training step; see the module docstring for formulas."""
+
+    model: str
+    num_parameters: int
+    zero: int
+    gpus: int
+    precision: str
+    seq_len: int
+    micro_batch: int
+    offload: bool
+    checkpointing: bool
+    flash_attention: bool
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    logits: int
+    zero3_gathered: int
+    cpu_bytes: int
+    num_layers: int = 0
+    layer_bytes_per_token: int = 0  # what one decoder layer saves per token (the activations' unit)
+    device: str | None = None
+    device_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def model_states(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_states
+
+    @property
+    def total(self) -> int:
+        return self.model_states + self.activations + self.logits + self.zero3_gathered
+
+    @property
+    def free_bytes(self) -> int | None:
+        return None if self.device_bytes is None else self.device_bytes - self.total
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.device_bytes is None else self.free_bytes >= 0
+
+    @property
+    def verdict(self) -> str:
+        if self.device_bytes is None:
+            return "no device given"
+        margin = self.free_bytes / self.device_bytes
+        word = "fits" if self.fits else "does not fit"
+        return f"{word}: {self.free_bytes / GiB:+.2f} GiB ({margin:+.1%} of the device)"
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.update(
+            model_states=self.model_states,
+            total=self.total,
+            free_bytes=self.free_bytes,
+            fits=self.fits,
+            verdict=self.verdict,
+        )
+        return out
+
+
+def _head_dims(config) -> tuple[int, int, int]:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = config.num_key_value_heads or config.num_attention_heads
+    return head_dim, config.num_attention_heads * head_dim, kv_heads * head_dim
+
+
+def layer_parameters(config) -> int:
+    """Weights of one decoder layer: q/k/v/o, the three SwiGLU projections, two RMSNorm scales (and biases)."""
+    h, inter = config.hidden_size, config.intermediate_size
+    _, q, k = _head_dims(config)
+    attention = h * q + 2 * h * k + q * h
+    if getattr(config, "attention_bias", False):
+        attention += q + 2 * k + h
+    mlp = 3 * h * inter + (2 * inter + h if getattr(config, "mlp_bias", False) else 0)
+    return attention + mlp + 2 * h
+
+
+def count_parameters(config) -> int:
+    """Parameters of `PretrainForCausalLM(config)` from its shape alone (a tied LM head is counted once)."""
+    embeddings = config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
+    return config.num_hidden_layers * layer_parameters(config) + embeddings + config.hidden_size
+
+
+def _norm_bytes_per_token(h: int, e: int) -> int:
+    """One RMSNorm: its input upcast to fp32, the normalised tensor, the output, the fp32 inverse RMS."""
+    return 4 * h + 2 * e * h + 4
+
+
+def layer_activation_bytes_per_token(config, seq_len: int, precision: str = "bf16", flash_attention: bool = True):
+    """Bytes one decoder layer saves for backward, per token (see the module docstring)."""
+    e = BYTES_PER_PARAMETER[precision][3]
+    h, inter, heads = config.hidden_size, config.intermediate_size, config.num_attention_heads
+    _, q, k = _head_dims(config)
+    norms = 2 * _norm_bytes_per_token(h, e)
+    if flash_attention:
+        attention = e * (2 * q + 2 * k) + 4 * heads  # q, k, v, output; fp32 log-sum-exp per head
+    else:
+        scores = heads * seq_len * (4 + (e if e != 4 else 0))  # fp32 softmax (+ its cast to e)
+        attention = e * 4 * q + scores  # q, repeated k and v, output
+    return norms + attention + 4 * e * inter
+
+
+def activation_bytes(
+    config,
+    seq_len: int,
+    micro_batch: int,
+    precision: str = "bf16",
+    checkpointing: bool = False,
+    flash_attention: bool = True,
+) -> int:
+    """Saved-for-backward bytes of the decoder stack (embedding output to the final norm) for one micro-batch."""
+    e = BYTES_PER_PARAMETER[precision][3]
+    tokens = seq_len * micro_batch
+    head_dim, _, _ = _head_dims(config)
+    layer = layer_activation_bytes_per_token(config, seq_len, precision, flash_attention) * tokens
+    if checkpointing:
+        stack = config.num_hidden_layers * e * config.hidden_size * tokens + layer
+    else:
+        stack = config.num_hidden_layers * layer
+    final_norm = _norm_bytes_per_token(config.hidden_size, e) * tokens
+    rope = 2 * seq_len * head_dim * e
+    return stack + final_norm + rope
+
+
+def logits_bytes(config, seq_len: int, micro_batch: int) -> int:
+    """fp32 log-probs saved by the cross-entropy, their gradient and the logits' gradient: 12 x s x b x V."""
+    return 12 * seq_len * micro_batch * config.vocab_size
+
+
+def estimate_memory(
+    config,
+    zero: int,
+    gpus: int,
+    precision: str = "bf16",
+    seq_len: int | None = None,
+    micro_batch: int = 1,
+    offload: bool = False,
+    checkpointing: bool = False,
+    flash_attention: bool = True,
+    *,
+    device: str | None = None,
+    device_memory_gb: float | None = None,
+    model: str | None = None,
+) -> MemoryEstimate:
+    """Per-GPU bytes of training `config` with ZeRO stage `zero` over `gpus` GPUs (module docstring: formulas).
+
+    `seq_len` defaults to the config's `max_position_embeddings`. `device` names a GPU of
+    `DEVICE_MEMORY_MIB` (e.g. "H100", "A100-40GB", or `torch.cuda.get_device_name()`); `device_memory_gb`
+    (GiB, the unit card names use) overrides it.
+    """
+    if zero not in (0, 1, 2, 3):
+        raise ValueError(f"zero={zero!r} is invalid: use a ZeRO stage 0, 1, 2 or 3.")
+    if not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus={gpus!r} is invalid: it must be a positive integer.")
+    if precision not in BYTES_PER_PARAMETER:
+        raise ValueError(f"precision={precision!r} is unknown; use one of {list(PRECISIONS)}.")
+    if offload and zero == 0:
+        raise ValueError("offload=True needs ZeRO >= 1 (DeepSpeed offloads the partitioned optimizer states).")
+    seq_len = seq_len or config.max_position_embeddings
+    if seq_len < 1 or micro_batch < 1:
+        raise ValueError(f"seq_len={seq_len} and micro_batch={micro_batch} must be positive.")
+
+    weight, grad, optim, _ = BYTES_PER_PARAMETER[precision]
+    psi = count_parameters(config)
+    parameters = weight * psi // (gpus if zero >= 3 else 1)
+    gradients = grad * psi // (gpus if zero >= 2 else 1)
+    optimizer_states = optim * psi // (gpus if zero >= 1 else 1)
+    largest_unit = max(layer_parameters(config), config.vocab_size * config.hidden_size)
+    zero3_gathered = (weight + grad) * largest_unit if zero == 3 and gpus > 1 else 0
+    cpu_bytes = 0
+    notes = []
+    if offload:
+        cpu_bytes = optimizer_states + 4 * psi // gpus  # states + the fp32 gradient partition CPU Adam reads
+        optimizer_states = 0
+        if zero == 3:
+            cpu_bytes += parameters
+            parameters = 0
+    if precision == "fp8":
+        notes.append("fp8 (torchao): weights, gradients and activations priced as bf16; fp8 copies are transient")
+    if not flash_attention:
+        notes.append("no flash attention: the s x s softmax of every layer is kept for backward")
+    if zero == 3 and gpus > 1:
+        notes.append("ZeRO-3 gathered: one largest unit (layer or vocabulary matrix) in full, weights + gradient")
+
+    device_bytes = None
+    if device_memory_gb is not None:
+        device_bytes = int(device_memory_gb * GiB)
+    elif device is not None:
+        device_bytes = device_memory_bytes(device)
+        if device_bytes is None:
+            known = sorted(DEVICE_MEMORY_MIB)
+            raise ValueError(f"device={device!r} is not in the table {known}; pass device_memory_gb instead.")
+    return MemoryEstimate(
+        model=model or getattr(config, "name_or_path", "") or "config",
+        num_parameters=psi,
+        zero=zero,
+        gpus=gpus,
+        precision=precision,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        offload=offload,
+        checkpointing=checkpointing,
+        flash_attention=flash_attention,
+        parameters=parameters,
+        gradients=gradients,
+        optimizer_states=optimizer_states,
+        activations=activation_bytes(config, seq_len, micro_batch, precision, checkpointing, flash_attention),
+        logits=logits_bytes(config, seq_len, micro_batch),
+        zero3_gathered=zero3_gathered,
+        cpu_bytes=cpu_bytes,
+        num_layers=config.num_hidden_layers,
+        layer_bytes_per_token=layer_activation_bytes_per_token(config, seq_len, precision, flash_attention),
+        device=device if device_memory_gb is None else f"{device or 'device'} ({device_memory_gb:g} GiB)",
+        device_bytes=device_bytes,
+        notes=notes,
+    )
+
+
+def format_estimate(estimate: MemoryEstimate) -> str:
+    """One screen: each component per GPU in GiB and GB (10^9 bytes) with its formula, the total and the verdict."""
+    est = estimate
+    weight, grad, optim, e = BYTES_PER_PARAMETER[est.precision]
+    n = est.gpus
+    split = {k: f" / {n}" if est.zero >= stage and n > 1 else "" for k, stage in (("p", 3), ("g", 2), ("o", 1))}
+    optim_what = "fp32 master, Adam m, v" if optim == 12 else "Adam m, v"
+    tokens = f"{est.seq_len} x {est.micro_batch}"
+    if est.checkpointing:
+        activations = f"L x {tokens} x {e} B x h (layer inputs) + one layer"
+    else:
+        kernel = "flash" if est.flash_attention else "softmax kept"
+        activations = f"{est.num_layers} x {tokens} x {est.layer_bytes_per_token:,} B/token ({kernel}) + final norm"
+    rows = [
+        ("parameters", est.parameters, f"{weight} B x Psi{split['p']}" + (" -> CPU" if not est.parameters else "")),
+        ("gradients", est.gradients, f"{grad} B x Psi{split['g']}"),
+        (
+            "optimizer states",
+            est.optimizer_states,
+            f"{optim} B x Psi{split['o']} ({optim_what})" + (" -> CPU" if est.offload else ""),
+        ),
+        ("activations", est.activations, activations),
+        ("logits / loss", est.logits, f"12 B x {tokens} x V (fp32 log-probs, their grad, logits' grad)"),
+    ]
+    if est.zero3_gathered:
+        rows.append(("ZeRO-3 gathered", est.zero3_gathered, f"{weight + grad} B x largest layer or vocab matrix"))
+    head = (
+        f"{est.model}: {est.num_parameters / 1e9:.3f} B parameters (Psi), {est.precision}, ZeRO-{est.zero} over {n} GPU"
+        f"{'s' if n > 1 else ''}{', CPU offload' if est.offload else ''}\n"
+        f"sequence {est.seq_len} x micro-batch {est.micro_batch}, "
+        f"{'flash attention' if est.flash_attention else 'no flash attention'}, "
+        f"{'full activation checkpointing' if est.checkpointing else 'no activation checkpointing'}\n"
+    )
+    width = 96
+
+    def line(name: str, value: int, text: str = "") -> str:
+        return f"{name:<17}{value / GiB:>8.2f}{value / 1e9:>8.2f}   {text}".rstrip()
+
+    lines = [head, f"{'per GPU':<17}{'GiB':>8}{'GB':>8}   formula", "-" * width]
+    lines += [line(name, value, formula) for name, value, formula in rows]
+    lines += ["-" * width, line("total", est.total)]
+    if est.device_bytes is not None:
+        lines.append(line("device", est.device_bytes, est.device))
+        lines.append(line("free", est.free_bytes, est.verdict))
+    if est.offload:
+        lines.append(line("CPU per rank", est.cpu_bytes, "host memory for each GPU's rank (x ranks per node)"))
+    lines += [f"note: {note}" for note in est.notes]
+    lines.append(
+        "not counted: CUDA context (~0.5-1 GiB), fragmentation, NCCL/DeepSpeed buckets, kernel workspaces "
+        "(docs/memory.md)"
+    )
+    return "\n".join(lines)
+
+
+def cli(argv: list[str]) -> int:
+    """`hf-pretrain estimate-memory`: prints the table (or JSON); exit status 1 when it does not fit the device."""
+    from ..presets import PRESETS, load_config
+
+    parser = argparse.ArgumentParser(
+        prog="hf-pretrain estimate-memory",
+        description="Per-GPU memory of training a preset under ZeRO 0-3 (formulas: docs/memory.md).",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--preset", choices=sorted(PRESETS), help="a size preset")
+    source.add_argument("--config", help="a preset name, saved model directory or config.json")
+    parser.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage (default 0: DDP)")
+    parser.add_argument("--gpus", type=int, default=1, help="data-parallel GPUs the states are partitioned over")
+    parser.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: max_position_embeddings)")
+    parser.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per forward")
+    parser.add_argument("--offload", action="store_true", help="DeepSpeed CPU offload (optimizer; ZeRO-3: weights)")
+    parser.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
+    parser.add_argument(
+        "--no-flash-attention", action="store_true", help="a kernel that keeps the s x s softmax (eager)"
+    )
+    parser.add_argument("--device", default=None, help=f"GPU name, one of {sorted(DEVICE_MEMORY_MIB)}")
+    parser.add_argument("--device-memory-gb", type=float, default=None, help="device memory in GiB (overrides)")
+    parser.add_argument("--json", action="store_true", help="print the estimate as JSON (bytes)")
+    args = parser.parse_args(argv)
+    name = args.preset or args.config
+    estimate = estimate_memory(
+        load_config(name),
+        args.zero,
+        args.gpus,
+        args.precision,
+        args.seq,
+        args.micro_batch,
+        args.offload,
+        args.checkpointing,
+        not args.no_flash_attention,
+        device=args.device,
+        device_memory_gb=args.device_memory_gb,
+        model=name,
+    )
+    print(json.dumps(estimate.to_dict(), indent=2) if args.json else format_estimate(estimate))
+    return 1 if estimate.fits is False else 0

@@ -1,0 +1,291 @@
+"""The memory estimator against the ZeRO worked example, autograd's saved tensors and measured CPU peaks."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hf_pretrain import PretrainForCausalLM
+from hf_pretrain.distributed import MemoryEstimate, estimate_memory, format_estimate
+from hf_pretrain.distributed.memory import (
+    activation_bytes,
+    cli,
+    count_parameters,
+    device_memory_bytes,
+    logits_bytes,
+)
+from hf_pretrain.presets import get_preset
+
+MiB = 1024**2
+# ~32 M parameters, GQA: the "custom small config" of the CPU measurement
+SMALL = dict(
+    hidden_size=512,
+    intermediate_size=1408,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    vocab_size=8192,
+)
+
+
+def seven_b():
+    return get_preset("llama2-7b")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        get_preset("tiny"),
+        get_preset("gpt2-124m"),  # tied head, counted once
+        get_preset("0.9b", num_hidden_layers=2),  # head_dim 128 x 13 heads != hidden_size
+        get_preset("tiny", attention_bias=True, mlp_bias=True),
+    ],
+    ids=["tiny", "gpt2-124m", "0.9b-2-layers", "biases"],
+)
+def test_parameter_count_matches_the_model(config):
+    with torch.device("meta"):
+        model = PretrainForCausalLM(config)
+    assert count_parameters(config) == sum(p.numel() for p in model.parameters())
+
+
+def test_worked_example_llama2_7b():
+    """ZeRO paper's accounting for Llama 2 7B in bf16 on one GPU, then ZeRO-3 over 8 GPUs."""
+    config = seven_b()
+    psi = count_parameters(config)
+    assert psi == 6_738_415_616
+    one = estimate_memory(config, zero=0, gpus=1, precision="bf16", seq_len=8192, micro_batch=1)
+    # the issue's "14 GB fp16 weights, 14 GB grads": 6.74e9 x 2 bytes = 13.5e9 bytes (12.6 GiB)
+    assert one.parameters == one.gradients == 2 * psi
+    assert 13.4e9 < one.parameters < 13.6e9
+    assert one.optimizer_states == 12 * psi  # fp32 master + Adam m + v: ~81 GB
+    assert 80.5e9 < one.optimizer_states < 81.2e9
+
+    # Activations at 8K x 1 with a flash kernel. Per layer and token this model saves, in bf16, 45.5 h bytes
+    # (+ 8 + 4 a): 2 RMSNorms x (4h fp32 upcast + 2h normalised + 2h output) = 16 h, attention q, k, v and the
+    # output 4 x 2h = 8 h, SwiGLU 4 x 2 I = 21.5 h (I = 11008 = 2.6875 h); verified tensor by tensor against
+    # autograd below. Korthikanti et al.'s 34 s b h per GPT layer (with flash, incl. dropout masks) is the
+    # floor of a plain pre-LN transformer: 36.5 GB for 32 layers here. The issue's "~30 GB" is that order of
+    # magnitude; this implementation keeps 1.34 x as much (49.2 GB, 45.8 GiB) because of the fp32 RMSNorm
+    # upcasts and SwiGLU's third I-wide matrix, so the band asserted is [1.0, 1.5] x Korthikanti.
+    s, h, layers, heads = 8192, 4096, 32, 32
+    per_layer = (45.5 * h + 8 + 4 * heads) * s
+    final_norm, rope = (4 * h + 4 * h + 4) * s, 2 * s * 128 * 2
+    assert one.activations == layers * per_layer + final_norm + rope
+    korthikanti = 34 * s * 1 * h * layers
+    assert 1.0 * korthikanti <= one.activations <= 1.5 * korthikanti
+    assert 45e9 < one.activations < 52e9
+    assert one.logits == 12 * s * 32000  # fp32 log-probs, their gradient, the logits' gradient: 3.1 GB
+
+    eight = estimate_memory(config, zero=3, gpus=8, precision="bf16", seq_len=8192, micro_batch=1)
+    assert eight.parameters == one.parameters // 8
+    assert eight.gradients == one.gradients // 8
+    assert eight.optimizer_states == one.optimizer_states // 8
+    assert (eight.activations, eight.logits) == (one.activations, one.logits)
+    assert eight.zero3_gathered == 4 * max(202_383_360, 32000 * 4096)  # one decoder layer, weights + grads
+    assert eight.total < one.total / 2
+
+
+@pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_activation_formula_matches_autograd_saved_tensors(precision, dtype, backend):
+    """Every tensor the forward saves for backward (deduplicated by storage) is what the formula counts."""
+    config = get_preset(
+        "tiny",
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=1000,
+        attention_backend=backend,
+    )
+    torch.manual_seed(0)
+    model = PretrainForCausalLM(config).to(dtype).train()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    seq, batch = 128, 2
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(input_ids=ids, labels=ids)
+    flash = backend == "sdpa"  # on CPU, causal SDPA runs the flash kernel: no s x s matrix is saved
+    # the loss saves the fp32 log-probs, one of the three T x V buffers of `logits_bytes`
+    expected = (
+        activation_bytes(config, seq, batch, precision, flash_attention=flash) + logits_bytes(config, seq, batch) // 3
+    )
+    assert sum(saved.values()) == pytest.approx(expected, rel=0.005)  # the rest: int64 ids and labels
+
+
+def test_zero_stages_partition_in_order():
+    config = seven_b()
+    stages = [estimate_memory(config, zero, 8, "bf16", 4096, 1) for zero in range(4)]
+    assert [s.total for s in stages] == sorted((s.total for s in stages), reverse=True)
+    assert stages[0].total > stages[1].total > stages[2].total > stages[3].total
+    assert stages[1].optimizer_states == stages[0].optimizer_states // 8
+    assert stages[1].gradients == stages[0].gradients
+    assert stages[2].gradients == stages[0].gradients // 8
+    assert stages[2].parameters == stages[0].parameters
+    assert stages[3].parameters == stages[0].parameters // 8
+    assert len({(s.activations, s.logits) for s in stages}) == 1
+    # one GPU: nothing to partition, no gathered unit
+    alone = [estimate_memory(config, zero, 1, "bf16", 4096, 1).total for zero in range(4)]
+    assert len(set(alone)) == 1
+
+
+def test_offload_moves_states_to_the_host():
+    config = seven_b()
+    for zero in (1, 2, 3):
+        on_gpu = estimate_memory(config, zero, 8, "bf16", 4096, 1)
+        offloaded = estimate_memory(config, zero, 8, "bf16", 4096, 1, offload=True)
+        assert offloaded.total < on_gpu.total
+        assert offloaded.optimizer_states == 0 and on_gpu.cpu_bytes == 0
+        psi = count_parameters(config)
+        expected_cpu = (12 + 4) * psi // 8 + (2 * psi // 8 if zero == 3 else 0)  # states, fp32 grads, (weights)
+        assert offloaded.cpu_bytes == pytest.approx(expected_cpu, abs=2)
+        assert (offloaded.parameters == 0) == (zero == 3)
+    with pytest.raises(ValueError, match="ZeRO >= 1"):
+        estimate_memory(config, 0, 8, offload=True)
+
+
+def test_checkpointing_and_attention_kernel_change_activations():
+    config = seven_b()
+    plain = estimate_memory(config, 3, 8, "bf16", 8192, 1)
+    checkpointed = estimate_memory(config, 3, 8, "bf16", 8192, 1, checkpointing=True)
+    eager = estimate_memory(config, 3, 8, "bf16", 8192, 1, flash_attention=False)
+    assert checkpointed.activations < plain.activations / 8
+    # layer inputs (2 bytes x h per token x L) plus one layer recomputed at a time
+    assert checkpointed.activations > 32 * 2 * 4096 * 8192 + plain.activations / 32
+    # the s x s softmax kept in fp32 and its bf16 cast: 6 bytes x heads x s^2 per layer
+    assert eager.activations - plain.activations > 32 * 6 * 32 * 8192**2 * 0.99
+    assert checkpointed.model_states == plain.model_states
+
+
+def test_precisions():
+    config = get_preset("tiny")
+    psi = count_parameters(config)
+    fp32 = estimate_memory(config, 0, 1, "fp32", 256, 1)
+    assert (fp32.parameters, fp32.gradients, fp32.optimizer_states) == (4 * psi, 4 * psi, 8 * psi)
+    bf16 = estimate_memory(config, 0, 1, "bf16", 256, 1)
+    assert (bf16.parameters, bf16.gradients, bf16.optimizer_states) == (2 * psi, 2 * psi, 12 * psi)
+    assert fp32.activations > bf16.activations
+    fp8 = estimate_memory(config, 0, 1, "fp8", 256, 1)
+    assert fp8.total == bf16.total and any("bf16" in note for note in fp8.notes)
+    with pytest.raises(ValueError, match="precision"):
+        estimate_memory(config, 0, 1, "int4")
+    with pytest.raises(ValueError, match="zero"):
+        estimate_memory(config, 4, 1)
+
+
+def test_device_table_and_verdict():
+    assert device_memory_bytes("NVIDIA H100 80GB HBM3") == 81_559 * MiB
+    assert device_memory_bytes("NVIDIA H200") == 143_771 * MiB
+    assert device_memory_bytes("NVIDIA A100-SXM4-40GB") == 40 * 1024 * MiB
+    assert device_memory_bytes("a100") == 80 * 1024 * MiB
+    assert device_memory_bytes("NVIDIA L4") == 23_034 * MiB  # not the L40S
+    assert device_memory_bytes("NVIDIA L40S") == 46_068 * MiB
+    assert device_memory_bytes("NVIDIA GeForce RTX 4090") == 24_564 * MiB
+    assert device_memory_bytes("gb10") == 128 * 1024 * MiB
+    assert device_memory_bytes("TPU v5") is None
+
+    config = seven_b()
+    no_device = estimate_memory(config, 3, 8, "bf16", 8192, 1)
+    assert no_device.fits is None and no_device.free_bytes is None
+    h100 = estimate_memory(config, 3, 8, "bf16", 8192, 1, device="H100")
+    assert h100.fits and h100.free_bytes == h100.device_bytes - h100.total and h100.verdict.startswith("fits")
+    l4 = estimate_memory(config, 0, 1, "bf16", 8192, 1, device="L4")
+    assert l4.fits is False and l4.verdict.startswith("does not fit")
+    custom = estimate_memory(config, 3, 8, "bf16", 8192, 1, device_memory_gb=64)
+    assert custom.device_bytes == 64 * 1024**3
+    with pytest.raises(ValueError, match="device_memory_gb"):
+        estimate_memory(config, 3, 8, device="Voodoo 2")
+
+
+# One training step on CPU in fp32 in a fresh process: RSS before the model exists, max RSS after a step in which
+# the gradients and Adam's states already exist (a short first step allocates them; `set_to_none=False` keeps
+# the gradients, as DDP buckets, DeepSpeed and gradient accumulation do).
+MEASURE = r"""
+import gc, json, resource, sys
+import psutil, torch
+torch.set_num_threads(1)
+torch.manual_seed(0)
+from hf_pretrain import PretrainForCausalLM
+from hf_pretrain.presets import get_preset
+spec = json.loads(sys.argv[1])
+config = get_preset(spec["preset"], **spec["overrides"])
+warm = PretrainForCausalLM(get_preset("tiny", num_hidden_layers=1))  # thread pools, kernels' first use
+ids = torch.randint(0, 4096, (1, 16))
+warm(input_ids=ids, labels=ids).loss.backward()
+del warm, ids
+gc.collect()
+baseline = psutil.Process().memory_info().rss
+model = PretrainForCausalLM(config).train()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+for shape in ((1, 8), (spec["batch"], spec["seq"])):
+    ids = torch.randint(0, config.vocab_size, shape)
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=False)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"delta": peak - baseline, "attention": model.attention_plan["full_attention"].backend}))
+"""
+
+CASES = {
+    # logits and activations dominate: 1.8 M parameters, 4 x 1024 tokens
+    "tiny": dict(preset="tiny", overrides={}, seq=1024, batch=4),
+    # weights, gradients and Adam dominate: 32 M parameters, 2 x 256 tokens
+    "small-32m": dict(preset="tiny", overrides=SMALL, seq=256, batch=2),
+}
+
+
+def test_estimate_matches_measured_cpu_peak():
+    # glibc's malloc raises its mmap threshold after the first large frees, so later tensors up to 32 MB come from
+    # a heap it never returns: with the default, RSS peaks 10-12 % above the live tensors (docs/memory.md). A fixed
+    # 1 MB threshold maps every tensor that matters on its own pages and unmaps it on free, so RSS tracks live memory.
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="1048576")
+    runs = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", MEASURE, json.dumps(spec)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for name, spec in CASES.items()
+    }
+    for name, run in runs.items():
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-3000:]
+        measured = json.loads(out.strip().splitlines()[-1])
+        assert measured["attention"] == "sdpa"  # causal SDPA on CPU: the flash kernel, as priced below
+        spec = CASES[name]
+        config = get_preset(spec["preset"], **spec["overrides"])
+        estimate = estimate_memory(config, 0, 1, "fp32", spec["seq"], spec["batch"], flash_attention=True)
+        assert measured["delta"] > 200e6  # large enough that allocator noise is small
+        assert estimate.total == pytest.approx(measured["delta"], rel=0.15), (name, estimate.to_dict(), measured)
+
+
+def test_cli_prints_the_table(capsys):
+    argv = ["--preset", "llama2-7b", "--zero", "3", "--gpus", "8", "--seq", "8192", "--micro-batch", "1"]
+    assert cli([*argv, "--device", "H100"]) == 0
+    table = capsys.readouterr().out
+    for row in ("parameters", "gradients", "optimizer states", "activations", "logits", "total", "free", "fits"):
+        assert row in table
+    assert cli([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["zero"] == 3 and data["total"] == estimate_memory(seven_b(), 3, 8, "bf16", 8192, 1).total
+    assert set(data) >= {f.name for f in MemoryEstimate.__dataclass_fields__.values()}
+    # does not fit: exit status 1
+    assert cli(["--preset", "llama2-7b", "--seq", "8192", "--device", "L4"]) == 1
+    assert "does not fit" in capsys.readouterr().out
+    assert cli(["--config", "tiny", "--precision", "fp32", "--zero", "2", "--gpus", "2", "--offload"]) == 0
+    assert "CPU per rank" in capsys.readouterr().out
+    assert "ZeRO-3 gathered" in format_estimate(estimate_memory(seven_b(), 3, 8))
