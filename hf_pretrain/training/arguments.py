@@ -154,6 +154,25 @@ class PretrainingArguments(TrainingArguments):
     straggler_threshold: float = field(
         default=0.75, metadata={"help": "Flag a rank whose speed score (best compute / its compute) is below this."}
     )
+    eval_lm_metrics: bool = field(
+        default=True,
+        metadata={
+            "help": "evaluate() reports eval_perplexity and eval_next_token_accuracy, reduced per batch (no logits "
+            "kept), when no compute_metrics is given. Needs prediction_loss_only=False."
+        },
+    )
+    probe_prompts: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Generation probe: prompts completed greedily every probe_every steps; 'prompt=>answer' adds an "
+            "expected answer scored by exact match (probe_exact_match)."
+        },
+    )
+    probe_every: int = field(
+        default=0, metadata={"help": "Optimizer steps between generation probes (0: only at the last step)."}
+    )
+    probe_max_new_tokens: int = field(default=16, metadata={"help": "Tokens generated per probe prompt."})
+    probe_at_end: bool = field(default=True, metadata={"help": "Also probe at the last step."})
     ddp_find_unused_parameters: bool | None = field(
         default=False,
         metadata={"help": "DDP: search for unused parameters every step (needed only when some go unused)."},
@@ -199,6 +218,10 @@ class PretrainingArguments(TrainingArguments):
             self.lr_scheduler_type = "constant"
         if self.include_num_input_tokens_seen is None:
             self.include_num_input_tokens_seen = "non_padding" if self.pretrain_extras else "no"
+        if self.probe_prompts and self.probe_every < 0:
+            raise ValueError(
+                f"probe_every={self.probe_every} is invalid; use >= 1, or 0 to probe only at the last step."
+            )
         if self.use_cpu is None:  # extras off: transformers' default
             self.use_cpu = not accelerator_available() if self.pretrain_extras else False
         super().__post_init__()

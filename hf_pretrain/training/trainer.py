@@ -49,6 +49,7 @@ from transformers import DataCollatorWithFlattening, Trainer
 from transformers.utils import logging
 
 from ..data.sampler import ResumableSampler
+from ..evaluation import CausalLMMetrics, GenerationProbeCallback, parse_prompt, preprocess_logits_for_metrics
 from ..modeling.attention import Environment, plan_attention
 from ..precision import apply_precision, high_precision
 from ..precision.recipes import LOW_PRECISION
@@ -104,6 +105,12 @@ class PretrainTrainer(Trainer):
         self._injections_done: set[int] = set()
         if not self.extras:
             return
+        if self.compute_metrics is not None and self.preprocess_logits_for_metrics is None:
+            logger.warning(
+                "compute_metrics without preprocess_logits_for_metrics: evaluate() keeps the logits of the whole "
+                "evaluation set ([samples, seq, vocab]). Reduce them per batch with "
+                "hf_pretrain.evaluation.preprocess_logits_for_metrics (docs/evaluation.md)."
+            )
         if getattr(self.args, "loss_guard", True):
             self.loss_guard = LossGuardCallback(
                 getattr(self.args, "loss_spike_factor", 3.0),
@@ -204,8 +211,29 @@ class PretrainTrainer(Trainer):
         return lr * self.loss_guard.lr_scale if self.loss_guard is not None else lr
 
     def evaluate(self, *args, **kwargs):
-        with high_precision(self.model):  # evaluation never runs the low-precision path
+        with high_precision(self.model), self._lm_eval_metrics():  # evaluation never runs the low-precision path
             return super().evaluate(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _lm_eval_metrics(self):
+        """Perplexity and next-token accuracy from per-sequence sums (`hf_pretrain.evaluation`) when the user set no
+        metrics of their own: evaluate() then keeps neither logits nor labels of the evaluation set."""
+        if not (
+            self.extras
+            and getattr(self.args, "eval_lm_metrics", True)
+            and self.compute_metrics is None
+            and self.preprocess_logits_for_metrics is None
+        ):
+            yield
+            return
+        batch_eval_metrics = self.args.batch_eval_metrics
+        self.compute_metrics, self.preprocess_logits_for_metrics = CausalLMMetrics(), preprocess_logits_for_metrics
+        self.args.batch_eval_metrics = True  # one add_batch per batch: nothing of the eval set accumulates
+        try:
+            yield
+        finally:
+            self.compute_metrics = self.preprocess_logits_for_metrics = None
+            self.args.batch_eval_metrics = batch_eval_metrics
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         name = getattr(self.args, "pretrain_schedule", None)
@@ -386,7 +414,10 @@ class PretrainTrainer(Trainer):
     def _attach_telemetry(self) -> None:
         """(Re)attach hf_pretrain's callbacks for this `train()` call."""
         ours = (ThroughputCallback, HardwareSensorsCallback, UnderclockCallback, StragglerCallback, JsonlCallback)
-        for callback in [c for c in self.callback_handler.callbacks if isinstance(c, ours)]:
+        attached = [
+            c for c in self.callback_handler.callbacks if isinstance(c, ours) or getattr(c, "from_arguments", False)
+        ]
+        for callback in attached:
             self.remove_callback(callback)
         args = self.args
         get = lambda name, default: getattr(args, name, default)  # noqa: E731  (plain TrainingArguments lack them)
@@ -405,6 +436,16 @@ class PretrainTrainer(Trainer):
                 straggler,
                 JsonlCallback(args.output_dir),
             ]
+        if get("probe_prompts", None) and (get("probe_every", 0) > 0 or get("probe_at_end", True)):
+            probe = GenerationProbeCallback(
+                [parse_prompt(p) for p in args.probe_prompts],
+                args.probe_every,
+                args.probe_max_new_tokens,
+                tokenizer=self.processing_class,
+                at_end=args.probe_at_end,
+            )
+            probe.from_arguments = True  # replaced at the next train(); a probe passed in callbacks= stays
+            callbacks.append(probe)
         for callback in callbacks:
             self.add_callback(callback)
         self._micro_batch_timers = [c for c in callbacks if hasattr(c, "record_micro_batch")]

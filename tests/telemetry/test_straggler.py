@@ -89,4 +89,6 @@ def test_two_balanced_cpu_ranks_and_one_process_are_quiet(tmp_path):
     assert logs and all("straggler_warning" not in r for r in records)
     single, _ = launch(tmp_path / "one", 1)
     one = next(r for r in single if "straggler_score_min" in r)
-    assert one["straggler_score_min"] == 1.0 and one["wait_s"] < 0.01 and "rank1_score" not in one
+    # one process waits for nobody: what is not compute is the optimizer step and callbacks (a few ms; more on a
+    # busy machine), never most of the step
+    assert one["straggler_score_min"] == 1.0 and one["wait_s"] < 0.5 * one["step_s"] and "rank1_score" not in one

@@ -1,0 +1,249 @@
+"""`GenerationProbeCallback`: greedy completions of fixed prompts every N steps, with exact-match scoring.
+
+Loss curves say little about what a model from scratch can do; a few fixed prompts completed at
+regular steps show it (`If 5x + 3 = 13, then x is` -> ` 2`). Every `every_n_steps` optimizer
+steps (and at the last step, `global_step == max_steps`, with `at_end=True`) the callback, at
+`on_step_end`:
+- runs greedy `model.generate` (`do_sample=False`, `max_new_tokens`) on each prompt alone (no
+  padding), in eval mode, without gradients, under `hf_pretrain.precision.high_precision` (plain
+  linears, as evaluation), then restores the model's train mode;
+- prints, on rank 0, one line per prompt:
+  `[probe] step 200: 'If 5x + 3 = 13, then x is' -> ' 2. The'  [exact match: yes, expected '2']`;
+- scores prompts given as `(prompt, expected_answer)` pairs by `exact_match` (rule below);
+- asks the Trainer to log at that step (`control.should_log = True` on every rank: the decision is
+  the step number, so all ranks take the same logging path and its collectives), and hands the
+  results to `PretrainTrainer.log` through `metrics_for_log`, which merges them into that step's
+  log: they reach the console, `OUTPUT_DIR/telemetry.jsonl` (`JsonlCallback` writes strings as
+  they are) and every `report_to` integration. Plain `transformers.Trainer` does not call
+  `metrics_for_log`: there the probe only prints.
+
+Exact-match rule (`exact_match`): the completion is stripped and cut at its first line break;
+that line and the expected answer are lower-cased and split on whitespace; punctuation `.,;:!?`
+and quotes/brackets are stripped from both ends of every word, and words left empty are dropped.
+The completion matches when its first k words equal the expected answer's k words. So expected
+`2` matches ` 2.`, `(2)`, `: 2`, `2 and so on`, `2\nNext`, but not `20`, `two`, `x = 2`, `1\n2`
+or an empty completion; expected `x = 2` matches ` X = 2.` but not ` x =`.
+
+Several processes: with DDP (or one process) only rank 0 generates, on the unwrapped model the
+callback receives (`Trainer.model`, not the DDP wrapper), so the generation issues no collective
+and cannot deadlock; the other ranks wait for rank 0 in the first collective after it (the loss
+gather of the step's log), so the probe's time shows in that interval's `step_time_s`. Under
+FSDP or DeepSpeed ZeRO-3 the parameters are sharded and every forward gathers them, so rank 0
+cannot run the model alone: there every rank generates, in lockstep (`synced_gpus=True`), and
+only rank 0 prints and logs. Generation runs in the parameters' dtype (fp32 master weights under
+mixed precision).
+
+Logs (at the probe's step, rank 0; other ranks log nothing of it):
+- `probe_0` ... `probe_{n-1}` (text): the completion of each prompt, in the order given
+  (left out with `log_completions=False`, e.g. for trackers that reject text: TensorBoard drops
+  them with a warning);
+- `probe_exact_match` (numeric): the fraction of prompts with an expected answer whose completion
+  matches; only when at least one prompt has an expected answer.
+`history` keeps every probe's results (step, prompt, completion, expected, match) in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+from transformers import TrainerCallback
+
+from .. import precision
+
+ANSWER_SEPARATOR = "=>"
+_PUNCTUATION = ".,;:!?"
+_QUOTES = "\"'`()[]{}<>"
+
+
+def parse_prompt(text: str) -> str | tuple[str, str]:
+    """A command-line probe: `"prompt=>answer"` -> `(prompt, answer)`; text without `=>` is a plain prompt.
+
+    The last `=>` separates, so a prompt may contain `=>` when it also gives an answer. The prompt
+    keeps its whitespace (a trailing space changes the tokens); the answer is stripped.
+    """
+    prompt, sep, answer = text.rpartition(ANSWER_SEPARATOR)
+    if not sep:
+        return text
+    return (prompt, answer.strip())
+
+
+def _words(text: str) -> list[str]:
+    """Lower-cased whitespace words, punctuation and quotes stripped from their ends; words of punctuation only dropped."""
+    words = (w.strip(_PUNCTUATION).strip(_QUOTES).strip(_PUNCTUATION) for w in text.lower().split())
+    return [w for w in words if w]
+
+
+def _answer_words(expected: str) -> list[str]:
+    words = _words(expected)
+    if not words:
+        raise ValueError(f"Expected answer {expected!r} is empty after normalisation.")
+    return words
+
+
+def normalize_answer(completion: str) -> str:
+    """The part of a completion that is scored: its first line (after leading whitespace), lower-cased, stripped."""
+    lines = completion.strip().splitlines()
+    return lines[0].strip().lower() if lines else ""
+
+
+def exact_match(completion: str, expected: str) -> bool:
+    """Whether a completion gives `expected` first (the rule in the module docstring)."""
+    want = _answer_words(expected)
+    got = _words(normalize_answer(completion))[: len(want)]
+    return got == want
+
+
+@dataclass
+class ProbeResult:
+    step: int
+    prompt: str
+    completion: str
+    expected: str | None = None
+    match: bool | None = None
+
+
+def _is_sharded(model, args) -> bool:
+    """Whether the parameters are sharded across ranks (FSDP 1/2, DeepSpeed ZeRO-3): every rank must run forward."""
+    try:
+        from transformers.integrations import is_deepspeed_zero3_enabled
+
+        if is_deepspeed_zero3_enabled():
+            return True
+    except ImportError:  # pragma: no cover
+        pass
+    if getattr(args, "fsdp", None) or getattr(model, "_is_fsdp_managed_module", False):
+        return True
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if isinstance(model, FullyShardedDataParallel):
+            return True
+        from torch.distributed.fsdp import FSDPModule
+
+        return isinstance(model, FSDPModule)
+    except ImportError:  # pragma: no cover
+        return False
+
+
+class GenerationProbeCallback(TrainerCallback):
+    """Greedy completions of `prompts` every `every_n_steps` steps (see the module docstring).
+
+    `prompts`: strings, or `(prompt, expected_answer)` pairs (expected None: not scored).
+    `every_n_steps`: 0 probes only at the end (`at_end`). `tokenizer`: defaults to the Trainer's
+    `processing_class`. `add_special_tokens`: passed to the tokenizer (False: the prompt's tokens
+    only, as `examples/pretrain.py` samples).
+    """
+
+    def __init__(
+        self,
+        prompts: Sequence[str | tuple[str, str | None]],
+        every_n_steps: int,
+        max_new_tokens: int = 16,
+        tokenizer=None,
+        at_end: bool = True,
+        log_completions: bool = True,
+        add_special_tokens: bool = False,
+    ):
+        self.prompts: list[tuple[str, str | None]] = []
+        for item in prompts:
+            prompt, expected = (item, None) if isinstance(item, str) else tuple(item)
+            if not isinstance(prompt, str) or not prompt:
+                raise ValueError(f"A probe prompt must be a non-empty string; got {item!r}.")
+            if expected is not None:
+                _answer_words(expected)  # rejects an answer that normalises to nothing now, not at step N
+            self.prompts.append((prompt, expected))
+        if not self.prompts:
+            raise ValueError("GenerationProbeCallback needs at least one prompt.")
+        if every_n_steps < 0 or (every_n_steps == 0 and not at_end):
+            raise ValueError("every_n_steps must be >= 1 (or 0 with at_end=True: probe only at the last step).")
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1.")
+        self.every_n_steps = every_n_steps
+        self.max_new_tokens = max_new_tokens
+        self.tokenizer = tokenizer
+        self.at_end = at_end
+        self.log_completions = log_completions
+        self.add_special_tokens = add_special_tokens
+        self.history: list[ProbeResult] = []
+        self._pending: dict = {}
+        self._last_step: int | None = None
+
+    def due(self, state) -> bool:
+        step = state.global_step
+        if step == self._last_step or step <= 0:
+            return False
+        periodic = self.every_n_steps > 0 and step % self.every_n_steps == 0
+        last = self.at_end and state.max_steps > 0 and step >= state.max_steps
+        return periodic or last
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last_step = None  # a new train() (or a resumed one) may probe the same step numbers again
+        self._pending = {}
+
+    def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
+        if not self.due(state):
+            return
+        self._last_step = state.global_step
+        control.should_log = True  # every rank: the probe's results get a log at this very step
+        main, sharded = state.is_world_process_zero, _is_sharded(model, args)
+        if not main and not sharded:
+            return  # DDP / one process: rank 0 generates alone, on the unwrapped model
+        tokenizer = self.tokenizer or processing_class
+        if tokenizer is None:
+            raise ValueError(
+                "GenerationProbeCallback needs a tokenizer: pass tokenizer= or processing_class to the Trainer."
+            )
+        results = self.probe(model, tokenizer, state.global_step, synced_gpus=sharded and args.world_size > 1)
+        if main:
+            self._report(results)
+
+    def probe(self, model, tokenizer, step: int = 0, synced_gpus: bool = False) -> list[ProbeResult]:
+        """Greedy completions of every prompt now, scored; the model's train/eval mode is restored."""
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        was_training = model.training
+        model.eval()
+        results = []
+        try:
+            with precision.high_precision(model), torch.no_grad():  # plain linears, as evaluate() runs
+                for prompt, expected in self.prompts:
+                    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=self.add_special_tokens)
+                    ids = {k: v.to(model.device) for k, v in ids.items() if k in ("input_ids", "attention_mask")}
+                    generated = model.generate(
+                        **ids,
+                        max_new_tokens=self.max_new_tokens,
+                        do_sample=False,
+                        num_beams=1,
+                        pad_token_id=pad,
+                        synced_gpus=synced_gpus,
+                    )
+                    completion = tokenizer.decode(generated[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+                    match = exact_match(completion, expected) if expected is not None else None
+                    results.append(ProbeResult(step, prompt, completion, expected, match))
+        finally:
+            model.train(was_training)
+        return results
+
+    def _report(self, results: list[ProbeResult]) -> None:
+        self.history.extend(results)
+        logs: dict = {}
+        scored = [r.match for r in results if r.match is not None]
+        for i, r in enumerate(results):
+            verdict = ""
+            if r.match is not None:
+                verdict = f"  [exact match: {'yes' if r.match else 'no'}, expected {r.expected!r}]"
+            print(f"[probe] step {r.step}: {r.prompt!r} -> {r.completion!r}{verdict}", flush=True)
+            if self.log_completions:
+                logs[f"probe_{i}"] = r.completion
+        if scored:
+            logs["probe_exact_match"] = sum(scored) / len(scored)
+        self._pending = logs
+
+    def metrics_for_log(self, state) -> dict:
+        pending, self._pending = self._pending, {}
+        return pending
+
+    def history_records(self) -> list[dict]:
+        """`history` as plain dicts (JSON-ready)."""
+        return [asdict(r) for r in self.history]
