@@ -4,7 +4,8 @@
 `nominal_parameters(name)` gives the size the name promises (checked by the test suite against a
 real parameter count). Shapes follow the usual recipes: SwiGLU width about 8/3 of the hidden size
 rounded up to a multiple of 64/128, head_dim 64 or 128, untied embeddings except where the
-original model tied them (GPT-2).
+original model tied them (GPT-2). MoE presets are named by their total parameters (all experts);
+`telemetry.flops.matmul_parameters` gives the active ones.
 """
 
 from __future__ import annotations
@@ -66,6 +67,25 @@ def tiny(**overrides) -> PretrainConfig:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=1024,
+    )
+
+
+@register_preset("tiny-moe", 3.6e6)
+def tiny_moe(**overrides) -> PretrainConfig:
+    """`tiny` with an MoE in every layer: 8 experts of width 192, top-2, so about tiny's FLOPs per token
+    (2 x 192 = tiny's 384-wide MLP) with twice its parameters (3.6 M in all; named by total parameters)."""
+    return _config(
+        overrides,
+        vocab_size=4096,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=192,
     )
 
 

@@ -188,21 +188,31 @@ def _head_dims(config) -> tuple[int, int, int]:
     return head_dim, config.num_attention_heads * head_dim, kv_heads * head_dim
 
 
-def layer_parameters(config) -> int:
-    """Weights of one decoder layer: q/k/v/o, the three SwiGLU projections, two RMSNorm scales (and biases)."""
+def _layer_kinds(config) -> list[str]:
+    """ "dense" / "sparse" (MoE) per decoder layer."""
+    return list(getattr(config, "mlp_layer_types", None) or ["dense"] * config.num_hidden_layers)
+
+
+def layer_parameters(config, kind: str = "dense") -> int:
+    """Weights of one decoder layer: q/k/v/o, the three SwiGLU projections (all experts and the router for an
+    MoE layer), two RMSNorm scales (and biases)."""
     h, inter = config.hidden_size, config.intermediate_size
     _, q, k = _head_dims(config)
     attention = h * q + 2 * h * k + q * h
     if getattr(config, "attention_bias", False):
         attention += q + 2 * k + h
-    mlp = 3 * h * inter + (2 * inter + h if getattr(config, "mlp_bias", False) else 0)
+    if kind == "sparse":
+        experts, width = config.num_experts, config.moe_intermediate_size or inter
+        mlp = h * experts + experts * 3 * h * width
+    else:
+        mlp = 3 * h * inter + (2 * inter + h if getattr(config, "mlp_bias", False) else 0)
     return attention + mlp + 2 * h
 
 
 def count_parameters(config) -> int:
     """Parameters of `PretrainForCausalLM(config)` from its shape alone (a tied LM head is counted once)."""
     embeddings = config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
-    return config.num_hidden_layers * layer_parameters(config) + embeddings + config.hidden_size
+    return sum(layer_parameters(config, kind) for kind in _layer_kinds(config)) + embeddings + config.hidden_size
 
 
 def _norm_bytes_per_token(h: int, e: int) -> int:
@@ -210,8 +220,12 @@ def _norm_bytes_per_token(h: int, e: int) -> int:
     return 4 * h + 2 * e * h + 4
 
 
-def layer_activation_bytes_per_token(config, seq_len: int, precision: str = "bf16", flash_attention: bool = True):
-    """Bytes one decoder layer saves for backward, per token (see the module docstring)."""
+def layer_activation_bytes_per_token(
+    config, seq_len: int, precision: str = "bf16", flash_attention: bool = True, kind: str = "dense"
+):
+    """Bytes one decoder layer saves for backward, per token (see the module docstring). An MoE layer saves
+    the SwiGLU intermediates of its k experts per token plus the fp32 router logits (dispatch indices and
+    gathered copies of the tokens are left out: approximate)."""
     e = BYTES_PER_PARAMETER[precision][3]
     h, inter, heads = config.hidden_size, config.intermediate_size, config.num_attention_heads
     _, q, k = _head_dims(config)
@@ -221,6 +235,9 @@ def layer_activation_bytes_per_token(config, seq_len: int, precision: str = "bf1
     else:
         scores = heads * seq_len * (4 + (e if e != 4 else 0))  # fp32 softmax (+ its cast to e)
         attention = e * 4 * q + scores  # q, repeated k and v, output
+    if kind == "sparse":
+        width = config.moe_intermediate_size or inter
+        return norms + attention + config.num_experts_per_tok * 4 * e * width + 4 * config.num_experts
     return norms + attention + 4 * e * inter
 
 
@@ -236,11 +253,14 @@ def activation_bytes(
     e = BYTES_PER_PARAMETER[precision][3]
     tokens = seq_len * micro_batch
     head_dim, _, _ = _head_dims(config)
-    layer = layer_activation_bytes_per_token(config, seq_len, precision, flash_attention) * tokens
-    if checkpointing:
-        stack = config.num_hidden_layers * e * config.hidden_size * tokens + layer
+    layers = [
+        layer_activation_bytes_per_token(config, seq_len, precision, flash_attention, kind) * tokens
+        for kind in _layer_kinds(config)
+    ]
+    if checkpointing:  # the layers' inputs, and one layer's working set at a time
+        stack = config.num_hidden_layers * e * config.hidden_size * tokens + max(layers)
     else:
-        stack = config.num_hidden_layers * layer
+        stack = sum(layers)
     final_norm = _norm_bytes_per_token(config.hidden_size, e) * tokens
     rope = 2 * seq_len * head_dim * e
     return stack + final_norm + rope
@@ -289,7 +309,9 @@ def estimate_memory(
     parameters = weight * psi // (gpus if zero >= 3 else 1)
     gradients = grad * psi // (gpus if zero >= 2 else 1)
     optimizer_states = optim * psi // (gpus if zero >= 1 else 1)
-    largest_unit = max(layer_parameters(config), config.vocab_size * config.hidden_size)
+    largest_unit = max(
+        *(layer_parameters(config, kind) for kind in _layer_kinds(config)), config.vocab_size * config.hidden_size
+    )
     zero3_gathered = (weight + grad) * largest_unit if zero == 3 and gpus > 1 else 0
     cpu_bytes = 0
     notes = []

@@ -18,6 +18,23 @@ meaning and a checkpoint of a model without windows loads with plain `LlamaForCa
   `attn_implementation=` to `from_pretrained`/`from_config` sets it too.
 
 `tie_word_embeddings` defaults to False (untied input and output embeddings).
+
+Mixture of experts (`num_experts > 0`; 0, the default, is the dense model, unchanged), see `moe.py`
+and docs/moe.md:
+
+- `num_experts`: routed SwiGLU experts per MoE layer; `num_experts_per_tok`: top-k (default 2).
+- which layers are MoE, the others keep the dense SwiGLU MLP: `moe_every=k` makes layer i MoE when
+  (i + 1) % k == 0 (1: every layer, 2: layers 1, 3, 5, ..., transformers' `decoder_sparse_step`
+  convention), or `moe_layer_fraction=f` makes round(f x layers) layers MoE (at least one), spread
+  evenly and ending at the last layer (0.1 of 20 layers: layers 9 and 19). Not both.
+  `mlp_layer_types` (derived, `"dense"` / `"sparse"` per layer) says which.
+- `moe_intermediate_size`: each expert's SwiGLU width (default: `intermediate_size`).
+- `moe_capacity_factor`: None (default) routes dropless; a float caps each expert at
+  ceil(factor x tokens x k / num_experts) token slots per forward, first choices served first, and
+  the overflowing (token, expert) pairs are dropped (the token keeps its residual stream).
+- `norm_topk_prob`: renormalise the k chosen softmax probabilities to sum to 1 (default True, Mixtral).
+- `router_aux_loss_coef` (0.01) and `router_z_loss_coef` (0.001): weights of the Switch
+  load-balancing loss and of the router z-loss added to the LM loss in training.
 """
 
 from __future__ import annotations
@@ -39,6 +56,14 @@ def _reject(field: str, value: object, allowed: str) -> None:
     raise ValueError(f"PretrainConfig.{field}={value!r} is invalid: {allowed}.")
 
 
+def moe_layer_indices(num_layers: int, moe_every: int = 1, moe_layer_fraction: float | None = None) -> list[int]:
+    """Indices of the MoE layers: every `moe_every`-th layer, or `moe_layer_fraction` of them spread evenly."""
+    if moe_layer_fraction is not None:
+        count = max(1, int(moe_layer_fraction * num_layers + 0.5))
+        return [-(-(j + 1) * num_layers // count) - 1 for j in range(count)]  # ceil((j + 1) L / n) - 1
+    return [i for i in range(num_layers) if (i + 1) % moe_every == 0]
+
+
 def layer_types_from_pattern(window_pattern: str, num_layers: int) -> list[str]:
     """Tile `window_pattern` over `num_layers`; the last layer is always full attention."""
     tiled = (window_pattern * (num_layers // len(window_pattern) + 1))[:num_layers]
@@ -49,6 +74,8 @@ def layer_types_from_pattern(window_pattern: str, num_layers: int) -> list[str]:
 @strict
 class PretrainConfig(LlamaConfig):
     model_type = "hf_pretrain"
+    # Output fields that are not predictions (Trainer.prediction_step leaves them out of the logits it gathers).
+    keys_to_ignore_at_inference = ["cache", "aux_loss", "z_loss", "router_logits", "expert_load", "dropped_fraction"]
 
     vocab_size: int = 32000
     tie_word_embeddings: bool = False
@@ -56,10 +83,22 @@ class PretrainConfig(LlamaConfig):
     sliding_window: int | None = 1024
     layer_types: list[str] | None = None
     attention_backend: str = "auto"
+    num_experts: int = 0
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int | None = None
+    moe_every: int = 1
+    moe_layer_fraction: float | None = None
+    moe_capacity_factor: float | None = None
+    norm_topk_prob: bool = True
+    router_aux_loss_coef: float = 0.01
+    router_z_loss_coef: float = 0.001
 
     def __post_init__(self, **kwargs):
         self._check_shapes()
         self._check_windows()
+        if self.moe_intermediate_size is None:
+            self.moe_intermediate_size = self.intermediate_size
+        self._check_moe()
         self.layer_types = layer_types_from_pattern(self.window_pattern, self.num_hidden_layers)
         super().__post_init__(**kwargs)
 
@@ -114,9 +153,60 @@ class PretrainConfig(LlamaConfig):
                 f"it is derived from window_pattern={pattern!r}; leave it unset (expected {expected})",
             )
 
+    def _check_moe(self) -> None:
+        if not isinstance(self.num_experts, int) or isinstance(self.num_experts, bool) or self.num_experts < 0:
+            _reject(
+                "num_experts", self.num_experts, "it must be 0 (dense MLPs) or a positive number of experts, e.g. 8"
+            )
+        if not self.num_experts:
+            for field in ("moe_layer_fraction", "moe_capacity_factor"):
+                if getattr(self, field) is not None:
+                    _reject(
+                        field,
+                        getattr(self, field),
+                        "it applies to MoE layers only: set num_experts > 0 or leave it None",
+                    )
+            return
+        k = self.num_experts_per_tok
+        if not _positive_int(k) or k > self.num_experts:
+            _reject(
+                "num_experts_per_tok",
+                k,
+                f"top-k must be a positive integer <= num_experts={self.num_experts}; lower it or raise num_experts",
+            )
+        if not _positive_int(self.moe_intermediate_size):
+            _reject("moe_intermediate_size", self.moe_intermediate_size, "it must be a positive integer (or None)")
+        if not _positive_int(self.moe_every) or self.moe_every > self.num_hidden_layers:
+            _reject(
+                "moe_every",
+                self.moe_every,
+                f"it must be a positive integer <= num_hidden_layers={self.num_hidden_layers} "
+                "(1: every layer is MoE, 2: every second layer)",
+            )
+        fraction = self.moe_layer_fraction
+        if fraction is not None:
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+                _reject(
+                    "moe_layer_fraction", fraction, "it must be in (0, 1], e.g. 0.1 for 10 % of the layers, or None"
+                )
+            if self.moe_every != 1:
+                _reject("moe_layer_fraction", fraction, f"set either moe_every={self.moe_every} or moe_layer_fraction")
+        capacity = self.moe_capacity_factor
+        if capacity is not None and (
+            isinstance(capacity, bool) or not isinstance(capacity, (int, float)) or not capacity > 0
+        ):
+            _reject("moe_capacity_factor", capacity, "it must be > 0 (e.g. 1.25), or None for dropless routing")
+        for field in ("router_aux_loss_coef", "router_z_loss_coef"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                _reject(field, value, "it must be >= 0 (0 turns the loss off)")
+        if self.mlp_bias:
+            _reject("mlp_bias", self.mlp_bias, "experts have no biases; set mlp_bias=False for an MoE model")
+
     def validate_architecture(self):
         self._check_shapes()
         self._check_windows()
+        self._check_moe()
 
     def to_dict(self) -> dict:
         out = super().to_dict()
@@ -127,3 +217,11 @@ class PretrainConfig(LlamaConfig):
     def window_sizes(self) -> list[int | None]:
         """Per-layer window in tokens (None for full attention)."""
         return [self.sliding_window if t == "sliding_attention" else None for t in self.layer_types]
+
+    @property
+    def mlp_layer_types(self) -> list[str]:
+        """Per layer, `"sparse"` (MoE) or `"dense"` (SwiGLU MLP); all dense when num_experts == 0."""
+        if not self.num_experts:
+            return ["dense"] * self.num_hidden_layers
+        sparse = set(moe_layer_indices(self.num_hidden_layers, self.moe_every, self.moe_layer_fraction))
+        return ["sparse" if i in sparse else "dense" for i in range(self.num_hidden_layers)]

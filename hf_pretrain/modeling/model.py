@@ -12,6 +12,13 @@ What is reused from transformers and what is ours:
   `attention_forward` entry point, and the model loop, which hands each layer the mask of its
   type (full or sliding) the way transformers' Ministral does. Plain Llama ignores
   `sliding_window`; this model never does.
+
+With `num_experts > 0` the layers that `config.mlp_layer_types` marks `"sparse"` use `PretrainMoE`
+(`moe.py`) instead of `LlamaMLP`; they return their router logits next to the hidden states, the
+model collects them, and `PretrainForCausalLM` turns them into the load-balancing and z losses (added
+to the LM loss in training), the expert load and the dropped fraction (`PretrainMoeCausalLMOutput`),
+and into the running sums of `model.moe_metrics` that `telemetry.moe.MoECallback` logs. Dense models
+(`num_experts=0`) compute exactly what they computed before.
 """
 
 from __future__ import annotations
@@ -19,10 +26,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast, MoeModelOutputWithPast
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,
     LlamaRMSNorm,
@@ -44,6 +52,7 @@ from .attention import (
     plan_attention,
 )
 from .configuration import PretrainConfig
+from .moe import MoEMetrics, PretrainExperts, PretrainMoE, PretrainMoeCausalLMOutput, PretrainRouter, routing_statistics
 
 logger = logging.get_logger(__name__)
 
@@ -81,13 +90,14 @@ class PretrainAttention(nn.Module):
 
 
 class PretrainDecoderLayer(GradientCheckpointingLayer):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)); an MoE layer also returns its router logits."""
 
     def __init__(self, config: PretrainConfig, layer_idx: int):
         super().__init__()
         self.layer_type = config.layer_types[layer_idx]
+        self.is_moe = config.mlp_layer_types[layer_idx] == "sparse"
         self.self_attn = PretrainAttention(config, layer_idx)
-        self.mlp = LlamaMLP(config)
+        self.mlp = PretrainMoE(config) if self.is_moe else LlamaMLP(config)
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -96,6 +106,9 @@ class PretrainDecoderLayer(GradientCheckpointingLayer):
             self.input_layernorm(hidden_states), position_embeddings, attention_mask, cache, **kwargs
         )
         hidden_states = hidden_states + attn_out
+        if self.is_moe:
+            mlp_out, router_logits = self.mlp(self.post_attention_layernorm(hidden_states))
+            return hidden_states + mlp_out, router_logits
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
@@ -109,6 +122,14 @@ class PretrainPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, PretrainExperts):  # 3D expert tensors and the router: normal(0, initializer_range)
+            init.normal_(module.gate_up_proj, mean=0.0, std=self.config.initializer_range)
+            init.normal_(module.down_proj, mean=0.0, std=self.config.initializer_range)
+        elif isinstance(module, PretrainRouter):
+            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
 
     def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs):
         # transformers' `attn_implementation=` (from_pretrained, from_config, set_attn_implementation) asks for one
@@ -225,6 +246,7 @@ class PretrainModel(PretrainPreTrainedModel):
         varlen = self._flash_varlen_kwargs(position_ids, inputs_embeds.shape[0]) if packed else {}
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
         hidden_states, all_hidden = inputs_embeds, [inputs_embeds] if output_hidden_states else None
+        router_logits = []
         for layer in self.layers:
             fa_layer = self.attention_plan[layer.layer_type].backend in KERNEL_PACKAGES
             hidden_states = layer(
@@ -236,11 +258,21 @@ class PretrainModel(PretrainPreTrainedModel):
                 **(varlen if fa_layer else {}),
                 **kwargs,
             )
+            if layer.is_moe:
+                hidden_states, logits = hidden_states
+                router_logits.append(logits)
             if output_hidden_states:
                 all_hidden.append(hidden_states)
         hidden_states = self.norm(hidden_states)
         if output_hidden_states:
             all_hidden[-1] = hidden_states
+        if router_logits:
+            return MoeModelOutputWithPast(
+                last_hidden_state=hidden_states,
+                cache=cache if use_cache else None,
+                hidden_states=tuple(all_hidden) if output_hidden_states else None,
+                router_logits=tuple(router_logits),
+            )
         return BaseModelOutputWithPast(
             last_hidden_state=hidden_states,
             cache=cache if use_cache else None,
@@ -266,6 +298,8 @@ class PretrainForCausalLM(PretrainPreTrainedModel, GenerationMixin):
         self.model = PretrainModel(config)
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # MoE: running sums of the routing statistics of training forwards, popped by MoECallback at each log.
+        self.moe_metrics = MoEMetrics() if config.num_experts else None
         self.post_init()
         self._end_of_init()
 
@@ -299,6 +333,45 @@ class PretrainForCausalLM(PretrainPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        if getattr(outputs, "router_logits", None):
+            return self._moe_output(outputs, logits, loss, attention_mask, labels, kwargs)
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, cache=outputs.cache, hidden_states=outputs.hidden_states
+        )
+
+    def _moe_output(self, outputs, logits, loss, attention_mask, labels, kwargs) -> PretrainMoeCausalLMOutput:
+        """Routing losses and statistics; in training the weighted losses join the LM loss.
+
+        With `num_items_in_batch` (the Trainer's token count over gradient-accumulation micro-batches and
+        ranks), the aux terms are weighted by this micro-batch's share of those tokens, the weighting the LM
+        loss gets: their sum over micro-batches and ranks is then a token-weighted mean, so
+        `router_aux_loss_coef` means the same for any accumulation or world size.
+        """
+        config, router_logits = self.config, outputs.router_logits
+        token_mask = None  # padding left out of losses and load when there is one 2D mask entry per routed token
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.numel() == router_logits[0].shape[0]:
+            token_mask = attention_mask.reshape(-1).bool()
+        stats = routing_statistics(
+            router_logits, config.num_experts_per_tok, config.norm_topk_prob, config.moe_capacity_factor, token_mask
+        )
+        if self.training and torch.is_grad_enabled():
+            self.moe_metrics.add(stats)
+            if loss is not None:
+                aux = config.router_aux_loss_coef * stats.aux_loss + config.router_z_loss_coef * stats.z_loss
+                total = kwargs.get("num_items_in_batch")
+                if total is not None:
+                    shifted = kwargs.get("shift_labels")
+                    shifted = labels[..., 1:] if shifted is None else shifted
+                    aux = aux * (shifted != -100).sum() / total
+                loss = loss + aux.to(loss.device)
+        return PretrainMoeCausalLMOutput(
+            loss=loss,
+            aux_loss=stats.aux_loss,
+            z_loss=stats.z_loss,
+            expert_load=stats.expert_load,
+            dropped_fraction=stats.dropped_fraction,
+            logits=logits,
+            cache=outputs.cache,
+            hidden_states=outputs.hidden_states,
+            router_logits=router_logits,
         )

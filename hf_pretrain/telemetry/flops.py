@@ -4,6 +4,10 @@ Training FLOPs per token = 6 x matmul parameters + attention, where
 - matmul parameters are the weights of every matrix multiply a token goes through: q/k/v/o and the
   three SwiGLU projections of each block, and the LM head. The input embedding is a lookup, not a
   matmul, so it is not counted (a tied head is counted once, as the head).
+  MoE (`num_experts > 0`): active parameters. An MoE layer's MLP term is its router (E x d) plus
+  the k experts a token goes through (k x 3 x d x moe_intermediate_size), not all E experts;
+  dense layers keep the SwiGLU term. Dropped (token, expert) pairs under a capacity factor are
+  still counted: the formula prices the model, not the luck of the routing.
 - attention = 12 x head_dim x heads x (keys attended) per layer: QK^T and AV, 2 FLOPs per
   multiply-add, forward + backward (x3). "Keys attended" is the mean number of keys a query
   really sees with an exact kernel: (T + 1) / 2 for a causal layer of context T, and
@@ -26,7 +30,15 @@ def matmul_parameters(config) -> int:
     q_out, kv_out = config.num_attention_heads * hd, config.num_key_value_heads * hd
     attention = d * q_out + 2 * d * kv_out + q_out * d
     mlp = 3 * d * config.intermediate_size
-    return config.num_hidden_layers * (attention + mlp) + d * config.vocab_size
+    total = config.num_hidden_layers * (attention + mlp) + d * config.vocab_size
+    num_experts = getattr(config, "num_experts", 0) or 0
+    if not num_experts:
+        return total
+    # MoE layers: mlp_layer_types (hf_pretrain), else every layer (Mixtral-like configs).
+    kinds = getattr(config, "mlp_layer_types", None) or ["sparse"] * config.num_hidden_layers
+    expert_width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    active = d * num_experts + config.num_experts_per_tok * 3 * d * expert_width
+    return total + kinds.count("sparse") * (active - mlp)
 
 
 def mean_keys_per_query(seq_len: int, window: int | None = None) -> float:

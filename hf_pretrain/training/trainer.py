@@ -56,6 +56,7 @@ from ..precision.recipes import LOW_PRECISION
 from ..preflight.attention import AttentionReport, attention_preflight, enforce_attention_policy
 from ..telemetry.hardware import HardwareSensorsCallback
 from ..telemetry.jsonl import JsonlCallback
+from ..telemetry.moe import MoECallback
 from ..telemetry.straggler import StragglerCallback
 from ..telemetry.throughput import ThroughputCallback
 from ..telemetry.underclock import UnderclockCallback
@@ -424,6 +425,9 @@ class PretrainTrainer(Trainer):
         callbacks = [
             ThroughputCallback(self._sequence_length(), get("peak_tflops", None), get("measure_peak_tflops", True))
         ]
+        experts = getattr(getattr(self.model, "config", None), "num_experts", 0)
+        if experts and not any(isinstance(c, MoECallback) for c in self.callback_handler.callbacks):
+            callbacks.append(MoECallback(self.model))  # expert load, aux / z losses, dropped tokens in the logs
         if get("telemetry", True):
             sensors = HardwareSensorsCallback(every=args.logging_steps if args.logging_strategy == "steps" else 10)
             straggler = StragglerCallback(

@@ -1,6 +1,6 @@
 """Launched by test_distributed.py (under `accelerate launch` or alone): a short run of the tiny preset.
 
-Usage: python tests/distributed/dist_run.py OUTPUT_DIR PER_DEVICE_BATCH [DEEPSPEED_CONFIG]
+Usage: python tests/distributed/dist_run.py OUTPUT_DIR PER_DEVICE_BATCH [DEEPSPEED_CONFIG|-] [SAVE_STEPS] [resume]
 Writes OUTPUT_DIR/rank-<r>.json: the per-step losses, a checksum of every parameter (gathered under
 ZeRO-3) and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model.
 """
@@ -46,7 +46,7 @@ def parameters_digest(trainer) -> str:
     return digest.hexdigest()
 
 
-def main(output_dir: str, per_device: int, deepspeed: str | None = None) -> None:
+def main(output_dir: str, per_device: int, deepspeed: str | None = None, save_steps: int = 0, resume: bool = False):
     torch.manual_seed(0)
     data = torch.randint(3, 500, (GLOBAL_BATCH * STEPS, SEQ), generator=torch.Generator().manual_seed(1))
     args = quick_args(
@@ -58,13 +58,15 @@ def main(output_dir: str, per_device: int, deepspeed: str | None = None) -> None
         telemetry=False,
         seed=0,
         deepspeed=deepspeed,
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
     )
     model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=2))
     losses = Losses()
     dataset = Dataset.from_dict({"input_ids": data.tolist(), "labels": data.tolist()})
     trainer = PretrainTrainer(model=model, args=args, train_dataset=dataset)
     trainer.add_callback(losses)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=True if resume else None)
     record = {"losses": losses.losses, "world_size": args.world_size, "digest": parameters_digest(trainer)}
     probe = data[:2]
     with torch.no_grad():  # every rank takes part (ZeRO-3 gathers the weights for the forward)
@@ -72,10 +74,13 @@ def main(output_dir: str, per_device: int, deepspeed: str | None = None) -> None
     if args.process_index == 0:
         record["logits"] = logits.tolist()
     trainer.save_model(str(Path(output_dir) / "model"))
-    Path(output_dir, f"rank-{args.process_index}.json").write_text(json.dumps(record))
+    name = f"rank-{args.process_index}{'-resumed' if resume else ''}.json"
+    Path(output_dir, name).write_text(json.dumps(record))
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
+    deepspeed_config = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
+    save = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    main(sys.argv[1], int(sys.argv[2]), deepspeed_config, save, len(sys.argv) > 5 and sys.argv[5] == "resume")

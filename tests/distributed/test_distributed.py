@@ -3,6 +3,7 @@ two "nodes" over loopback, and the accelerate configs the docs name."""
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -120,3 +121,17 @@ def test_accelerate_configs_parse_and_name_what_exists(path):
 def test_the_configs_cover_the_documented_setups():
     names = {p.stem for p in CONFIGS.glob("*.yaml")}
     assert names == {"one_gpu", "ddp_8gpu", "deepspeed_zero3_8gpu", "fsdp2_8gpu", "two_nodes", "cpu_2proc"}
+
+
+def test_zero3_checkpoints_are_atomic_and_resume_exactly(tmp_path, single):
+    zero3 = str(ROOT / "ds_configs" / "zero3.json")
+    config = ["--config_file", str(CONFIGS / "cpu_2proc.yaml"), "--main_process_port", str(free_port())]
+    finish(launch(*config, out=tmp_path, per_device=4, extra=[zero3, "3"]))  # checkpoints at steps 3 and 6
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
+    assert not (tmp_path / ".saving").exists()  # every rank's shards were in place before the rename
+    shutil.rmtree(tmp_path / "checkpoint-6")  # as if the job had died after step 5
+    config[-1] = str(free_port())
+    finish(launch(*config, out=tmp_path, per_device=4, extra=[zero3, "3", "resume"]))
+    resumed = json.loads((tmp_path / "rank-0-resumed.json").read_text())["losses"]
+    assert sorted(resumed) == ["4", "5", "6"]
+    assert all(abs(resumed[step] - single["losses"][step]) < 1e-5 for step in resumed)  # the curve goes on exactly

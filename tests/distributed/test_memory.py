@@ -289,3 +289,15 @@ def test_cli_prints_the_table(capsys):
     assert cli(["--config", "tiny", "--precision", "fp32", "--zero", "2", "--gpus", "2", "--offload"]) == 0
     assert "CPU per rank" in capsys.readouterr().out
     assert "ZeRO-3 gathered" in format_estimate(estimate_memory(seven_b(), 3, 8))
+
+
+def test_moe_models_count_every_expert_and_route_k_of_them():
+    from hf_pretrain import PretrainForCausalLM, get_preset
+    from hf_pretrain.distributed.memory import activation_bytes, count_parameters
+
+    config = get_preset("tiny-moe")
+    assert count_parameters(config) == sum(p.numel() for p in PretrainForCausalLM(config).parameters())
+    dense = get_preset("tiny-moe", num_experts=0)
+    assert count_parameters(config) > count_parameters(dense)
+    # k = 2 experts of their width per token, plus the router's fp32 logits, instead of one dense SwiGLU
+    assert activation_bytes(config, 256, 1, "fp32") != activation_bytes(dense, 256, 1, "fp32")

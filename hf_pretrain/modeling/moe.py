@@ -1,0 +1,274 @@
+"""Mixture-of-experts MLP: a top-k softmax router over SwiGLU experts, optional capacity, aux losses.
+
+`PretrainMoE` replaces the SwiGLU MLP of the layers `PretrainConfig.mlp_layer_types` marks
+`"sparse"`. Per token (x of width H):
+
+    logits = x W_r^T                      router, no bias, computed in fp32 (autocast off)
+    p      = softmax(logits)              over the E experts
+    w, e   = top-k(p)                     k experts per token; w / sum(w) when norm_topk_prob
+    y      = sum_j w_j SwiGLU_{e_j}(x)    SwiGLU_e(x) = down_e(silu(gate_e x) * up_e x)
+
+This is the math of transformers' Mixtral (always renormalised) and Qwen2-MoE (renormalised when
+`norm_topk_prob`), and the parameters carry their names and layouts: `mlp.gate.weight` (E, H),
+`mlp.experts.gate_up_proj` (E, 2I, H: gate rows then up rows), `mlp.experts.down_proj` (E, H, I).
+That is what lets `export_hf` copy the tensors into `MixtralForCausalLM` / `Qwen2MoeForCausalLM`
+by name and get the same logits.
+
+Why the forward is written here and not borrowed from transformers' experts modules:
+- capacity: transformers' experts functions route every (token, expert) pair (their sentinel
+  handling belongs to expert parallelism), so dropping overflow pairs needs our own dispatch;
+- the experts-implementation switch of transformers (`grouped_mm`, ...) is enabled by looking for
+  its decorator in the *model's* module source, which hf_pretrain's model module does not have;
+- the z-loss, the expert load and the dropped-pair count do not exist in transformers.
+
+Dispatch is vectorised: the (token, expert) pairs are sorted by expert once (`argsort`), each
+expert runs two matmuls on its contiguous slice, and `index_add_` scatters the weighted outputs
+back. The only Python loop is over experts (as in transformers' eager experts); nothing loops
+over tokens, and the number of matmuls does not depend on the number of tokens.
+
+Capacity (`moe_capacity_factor=c`): each expert takes at most ceil(c x T x k / E) pairs per forward
+(T tokens of this forward, padding included). Priority goes to first choices: every token's
+top-1 pair before any top-2 pair, then token order (GShard). A dropped pair contributes nothing (its
+weight is not redistributed); a token whose k pairs are all dropped passes through on the residual
+stream alone. None routes dropless.
+
+Losses and statistics (`routing_statistics`, computed by the model from the router logits each
+MoE layer returns, excluding padding when a 2D attention mask is given), averaged over MoE layers:
+- load-balancing loss (Switch Transformer): E x sum_e f_e P_e, where f_e is the fraction of the
+  T x k routed pairs that chose expert e (before capacity) and P_e the mean router probability of
+  e. It is 1.0 for a uniform router (and for any router when the load is exactly balanced) and
+  E / k when every token picks the same k experts. transformers' `load_balancing_loss_func` pools
+  all layers before the product and lets f sum to k, so it reads about k times this value.
+- router z-loss (ST-MoE): mean over tokens of logsumexp(logits)^2; it keeps router logits small.
+- expert load: f_e per MoE layer (rows sum to 1; uniform is 1 / E); dropped fraction: dropped
+  pairs / routed pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.modeling_outputs import MoeCausalLMOutputWithPast
+
+
+def route(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, experts) of shape (T, k): softmax over experts in fp32, top-k, optionally renormalised."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, experts = torch.topk(probs, top_k, dim=-1)
+    if norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+def expert_capacity(num_tokens: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
+    """Token slots per expert: ceil(capacity_factor x tokens x k / experts)."""
+    return math.ceil(capacity_factor * num_tokens * top_k / num_experts)
+
+
+def capacity_mask(experts: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+    """(T, k) bool: which (token, expert) pairs fit in their expert's `capacity` slots.
+
+    Priority: all top-1 pairs in token order, then all top-2 pairs, ... A stable sort by expert of
+    the pairs in that order gives each pair its position in its expert's queue, without a (T, E)
+    one-hot.
+    """
+    num_tokens, top_k = experts.shape
+    flat = experts.t().reshape(-1)  # choice-major: every token's first choice comes first
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts)
+    starts = torch.cumsum(counts, 0) - counts
+    position = torch.empty_like(flat)
+    position[order] = torch.arange(flat.numel(), device=flat.device) - starts[flat[order]]
+    return (position < capacity).view(top_k, num_tokens).t()
+
+
+class PretrainRouter(nn.Module):
+    """Linear router without bias (`weight`: experts x hidden), run in fp32 for stable softmax and top-k."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(hidden_states.device.type, enabled=False):
+            return F.linear(hidden_states.float(), self.weight.float())
+
+
+class PretrainExperts(nn.Module):
+    """E SwiGLU experts as 3D tensors (transformers' layout): `gate_up_proj` (E, 2I, H), `down_proj` (E, H, I)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.num_experts = config.num_experts
+        size = config.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(config.num_experts, 2 * size, config.hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(config.num_experts, config.hidden_size, size))
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """hidden_states (T, H); experts, weights (T, k), expert id `num_experts` marking a dropped pair."""
+        num_tokens, top_k = experts.shape
+        flat = experts.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # pairs grouped by expert, dropped pairs (id E) last
+        counts = torch.bincount(flat, minlength=self.num_experts + 1)
+        sizes = counts[: self.num_experts].tolist()  # the one host sync of the layer
+        kept = order[: sum(sizes)]
+        tokens = kept // top_k
+        inputs = hidden_states[tokens]
+        outputs = []
+        for expert, chunk in enumerate(inputs.split(sizes)):
+            if chunk.shape[0] == 0:
+                continue
+            gate, up = F.linear(chunk, self.gate_up_proj[expert]).chunk(2, dim=-1)
+            outputs.append(F.linear(self.act_fn(gate) * up, self.down_proj[expert]))
+        out = hidden_states.new_zeros(num_tokens, hidden_states.shape[-1])
+        if not outputs:
+            return out
+        weighted = torch.cat(outputs) * weights.reshape(-1)[kept].unsqueeze(-1)
+        return out.index_add_(0, tokens, weighted.to(out.dtype))
+
+
+class PretrainMoE(nn.Module):
+    """Router + experts for one layer; `forward` returns (output, router_logits of shape (tokens, E))."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.num_experts = config.num_experts
+        self.top_k = config.num_experts_per_tok
+        self.norm_topk_prob = config.norm_topk_prob
+        self.capacity_factor = config.moe_capacity_factor
+        self.gate = PretrainRouter(config)
+        self.experts = PretrainExperts(config)
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = hidden_states.shape
+        flat = hidden_states.reshape(-1, shape[-1])
+        router_logits = self.gate(flat)
+        weights, experts = route(router_logits, self.top_k, self.norm_topk_prob)
+        if self.capacity_factor is not None:
+            capacity = expert_capacity(flat.shape[0], self.top_k, self.num_experts, self.capacity_factor)
+            experts = experts.masked_fill(~capacity_mask(experts, self.num_experts, capacity), self.num_experts)
+        out = self.experts(flat, experts, weights.to(flat.dtype))
+        return out.view(shape), router_logits
+
+
+@dataclass
+class RoutingStatistics:
+    """Per forward, averaged over MoE layers: aux and z losses (with grad), load and drops (detached)."""
+
+    aux_loss: torch.Tensor
+    z_loss: torch.Tensor
+    expert_load: torch.Tensor  # (MoE layers, E): fraction of routed pairs per expert, rows sum to 1
+    dropped: torch.Tensor  # dropped (token, expert) pairs, all layers
+    routed: torch.Tensor  # routed pairs, all layers
+
+    @property
+    def dropped_fraction(self) -> torch.Tensor:
+        return self.dropped / self.routed.clamp(min=1)
+
+
+def routing_statistics(
+    router_logits: tuple[torch.Tensor, ...] | list[torch.Tensor],
+    top_k: int,
+    norm_topk_prob: bool = True,
+    capacity_factor: float | None = None,
+    token_mask: torch.Tensor | None = None,
+) -> RoutingStatistics:
+    """Load-balancing loss, z-loss, expert load and drops from each MoE layer's router logits (tokens, E).
+
+    `token_mask` (tokens,) leaves padding out of the losses and the load (capacity counts every token,
+    as the layers do). The top-k and capacity decisions are recomputed with the layers' own functions,
+    so they are the ones the forward made.
+    """
+    aux, z, loads, dropped, routed = [], [], [], [], []
+    for logits in router_logits:
+        num_tokens, num_experts = logits.shape
+        logits = logits.float()
+        _, experts = route(logits, top_k, norm_topk_prob)
+        probs = torch.softmax(logits, dim=-1)
+        mask = torch.ones(num_tokens, device=logits.device) if token_mask is None else token_mask.float()
+        real = mask.sum().clamp(min=1)
+        with torch.no_grad():
+            counts = torch.zeros(num_experts, device=logits.device).index_add_(
+                0, experts.reshape(-1), mask.repeat_interleave(top_k)
+            )
+            load = counts / (real * top_k)
+            if capacity_factor is not None:
+                capacity = expert_capacity(num_tokens, top_k, num_experts, capacity_factor)
+                dropped.append((~capacity_mask(experts, num_experts, capacity)).sum())
+            else:
+                dropped.append(torch.zeros((), dtype=torch.long, device=logits.device))
+            routed.append(torch.tensor(num_tokens * top_k, device=logits.device))
+        mean_probs = (probs * mask.unsqueeze(-1)).sum(0) / real
+        aux.append(num_experts * (load * mean_probs).sum())
+        z.append((torch.logsumexp(logits, dim=-1).square() * mask).sum() / real)
+        loads.append(load)
+    return RoutingStatistics(
+        aux_loss=torch.stack(aux).mean(),
+        z_loss=torch.stack(z).mean(),
+        expert_load=torch.stack(loads),
+        dropped=torch.stack(dropped).sum(),
+        routed=torch.stack(routed).sum(),
+    )
+
+
+class MoEMetrics:
+    """Running sums since the last `pop()`, kept on the device (no host sync per step); `MoECallback` pops them."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.forwards = 0
+        self._sums: dict[str, torch.Tensor] = {}
+
+    def add(self, stats: RoutingStatistics) -> None:
+        values = {
+            "aux": stats.aux_loss.detach(),
+            "z": stats.z_loss.detach(),
+            "load": stats.expert_load.detach(),
+            "dropped": stats.dropped.detach().double(),
+            "routed": stats.routed.detach().double(),
+        }
+        for key, value in values.items():
+            self._sums[key] = self._sums[key] + value if key in self._sums else value.clone()
+        self.forwards += 1
+
+    def pop(self, per_layer: bool = False) -> dict[str, float]:
+        """Means over the forwards since the last pop (empty when there were none), then reset."""
+        if not self.forwards:
+            return {}
+        n, sums = self.forwards, self._sums
+        load = (sums["load"] / n).tolist()  # (MoE layers, E)
+        metrics = {
+            "moe_aux_loss": (sums["aux"] / n).item(),
+            "moe_z_loss": (sums["z"] / n).item(),
+            "moe_expert_load_max": max(max(row) for row in load),
+            "moe_expert_load_min": min(min(row) for row in load),
+            "moe_dropped_fraction": (sums["dropped"] / sums["routed"].clamp(min=1)).item(),
+        }
+        if per_layer:
+            for i, row in enumerate(load):
+                metrics[f"moe_expert_load_max_layer{i}"] = max(row)
+                metrics[f"moe_expert_load_min_layer{i}"] = min(row)
+        self.last_expert_load = load
+        self.reset()
+        return metrics
+
+
+@dataclass
+class PretrainMoeCausalLMOutput(MoeCausalLMOutputWithPast):
+    """`MoeCausalLMOutputWithPast` (loss, aux_loss, logits, cache, router_logits, ...) plus:
+
+    z_loss: router z-loss averaged over MoE layers; expert_load: (MoE layers, E) fraction of routed
+    pairs per expert; dropped_fraction: dropped (token, expert) pairs / routed pairs (0 when dropless).
+    """
+
+    z_loss: torch.Tensor | None = None
+    expert_load: torch.Tensor | None = None
+    dropped_fraction: torch.Tensor | None = None
