@@ -10,7 +10,7 @@ from hf_pretrain.data import PackedDocumentCollator
 from hf_pretrain.presets import get_preset
 
 
-def main(output_dir: str, accumulation: int = 1) -> None:
+def main(output_dir: str, accumulation: int = 1, threshold: float = 0.75) -> None:
     torch.manual_seed(0)
     ids = torch.randint(2, 512, (64, 64))
     args = PretrainingArguments(
@@ -21,6 +21,7 @@ def main(output_dir: str, accumulation: int = 1) -> None:
         report_to="none",
         save_strategy="no",
         straggler_every=4,
+        straggler_threshold=threshold,
         gradient_accumulation_steps=accumulation,
         disable_tqdm=True,
         measure_peak_tflops=False,
@@ -39,4 +40,4 @@ def main(output_dir: str, accumulation: int = 1) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1, float(sys.argv[3]) if len(sys.argv) > 3 else 0.75)
