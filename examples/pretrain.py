@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import HfArgumentParser, PreTrainedTokenizerBase
+from transformers import HfArgumentParser, PreTrainedTokenizerBase, set_seed
 
 from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer, get_preset
 from hf_pretrain.data import (
@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
     dtype, args = resolve_dtype(model_args, args)
     preset_vocab = get_preset(model_args.preset).vocab_size
     tokenizer, train, heldout = prepare_data(data_args, args, preset_vocab)
+    set_seed(args.seed)  # the initial weights, not only the data order, follow --seed
     model = build_model(model_args, tokenizer, data_args.seq_len)
     collator = PackedDocumentCollator(tokenizer.eos_token_id, separate_documents=data_args.separate_documents)
     trainer = PretrainTrainer(

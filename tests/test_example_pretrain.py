@@ -122,3 +122,15 @@ def test_a_heldout_split_too_small_for_one_block_skips_evaluation(tmp_path, caps
     pack = dict(tokenizer=tokenizer, seq_len=256, cache_dir=tmp_path, text_column="text", num_proc=None)
     assert example.pack_heldout(Dataset.from_dict({"text": ["short"]}), pack) == (None, None)
     assert "evaluation skipped" in capsys.readouterr().out
+
+
+def test_help_lists_every_flag_without_crashing(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pretrain_example", ROOT / "examples" / "pretrain.py")
+    example = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = example  # dataclasses look their module up there
+    spec.loader.exec_module(example)
+    with pytest.raises(SystemExit) as exit_info:
+        example.parse_args(["--help"])
+    assert exit_info.value.code == 0 and "--lr_scheduler_type" in capsys.readouterr().out

@@ -106,7 +106,7 @@ class PretrainingArguments(TrainingArguments):
     warmup_steps: float | None = field(
         default=None,
         metadata={
-            "help": "Warmup steps (>= 1) or fraction of training (< 1). Default 0.008 (0.8 %); 0 without extras."
+            "help": "Warmup steps (>= 1) or fraction of training (< 1). Default 0.008 (0.8 percent); 0 without extras."
         },
     )
     weight_decay: float | None = field(
@@ -119,7 +119,7 @@ class PretrainingArguments(TrainingArguments):
         default=None,
         metadata={
             "help": "transformers' schedules, or hf_pretrain's 'cosine_restarts' / 'wsd' (options in lr_scheduler_kwargs). "
-            "Default: cosine_restarts (warmup, cosine to 10 % of the peak); transformers' 'linear' without extras."
+            "Default: cosine_restarts (warmup, cosine to 10 percent of the peak); transformers' 'linear' without extras."
         },
     )
     pretrain_schedule: str | None = field(
