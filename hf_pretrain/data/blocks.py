@@ -92,6 +92,23 @@ def count_and_keep(marked: Dataset, stats: BlockStats, num_proc: int | None = No
     return kept
 
 
+def count_and_keep_streaming(marked: IterableDataset, stats: BlockStats, start: float) -> IterableDataset:
+    """The streaming twin of `count_and_keep`: `stats` fill up as the kept rows are consumed."""
+
+    def count(row: dict) -> bool:
+        stats.documents_in += bool(row[FIRST])
+        stats.bytes_in += row[BYTES_IN]
+        stats.seconds = time.perf_counter() - start
+        if row[DROP]:
+            stats.dropped[row[DROP]] = stats.dropped.get(row[DROP], 0) + 1
+            return False
+        stats.documents_out += 1
+        stats.bytes_out += row[BYTES_OUT]
+        return True
+
+    return marked.filter(count).remove_columns(HELPER_COLUMNS)
+
+
 class Block:
     """A step of the chain. Subclasses set `name` and implement `process(batch) -> batch with DROP`."""
 
@@ -148,21 +165,8 @@ class Block:
         return kept
 
     def _run_streaming(self, data: IterableDataset, start: float) -> IterableDataset:
-        stats = self.stats
-
-        def count(example: dict) -> bool:
-            stats.documents_in += bool(example[FIRST])
-            stats.bytes_in += example[BYTES_IN]
-            stats.seconds = time.perf_counter() - start
-            if example[DROP]:
-                stats.dropped[example[DROP]] = stats.dropped.get(example[DROP], 0) + 1
-                return False
-            stats.documents_out += 1
-            stats.bytes_out += example[BYTES_OUT]
-            return True
-
         marked = data.map(self._process, batched=True, batch_size=self.batch_size, remove_columns=data.column_names)
-        return marked.filter(count).remove_columns(HELPER_COLUMNS)
+        return count_and_keep_streaming(marked, self.stats, start)
 
     def finish(self, kept: Dataset) -> None:
         """Hook after a (non-streaming) run: blocks add their own counters to `self.stats.extra`."""

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from datasets import Dataset, IterableDataset, load_dataset, load_from_disk
 
-from .blocks import BYTES_IN, BYTES_OUT, DROP, FIRST, BlockStats, count_and_keep, shard
+from .blocks import BYTES_IN, BYTES_OUT, DROP, FIRST, BlockStats, count_and_keep, count_and_keep_streaming, shard
 
 LINE_SUFFIXES = {".jsonl": "json", ".json": "json", ".txt": "text", ".md": "text"}
 TYPED_SUFFIXES = {".parquet": "parquet", ".arrow": "arrow"}
@@ -164,18 +164,5 @@ class ReadFiles:
         return data
 
     def _streaming(self, rows: IterableDataset, start: float) -> IterableDataset:
-        stats = self.stats
-
-        def count(row: dict) -> bool:
-            stats.documents_in += 1
-            stats.bytes_in += row[BYTES_IN]
-            stats.seconds = time.perf_counter() - start
-            if row[DROP]:
-                stats.dropped[row[DROP]] = stats.dropped.get(row[DROP], 0) + 1
-                return False
-            stats.documents_out += 1
-            stats.bytes_out += row[BYTES_OUT]
-            return True
-
-        data = rows.filter(count).remove_columns([DROP, FIRST, BYTES_IN, BYTES_OUT])
+        data = count_and_keep_streaming(rows, self.stats, start)
         return data.rename_column("text", self.text_column) if self.text_column != "text" else data
