@@ -74,19 +74,7 @@ def tiny(**overrides) -> PretrainConfig:
 def tiny_moe(**overrides) -> PretrainConfig:
     """`tiny` with an MoE in every layer: 8 experts of width 192, top-2, so about tiny's FLOPs per token
     (2 x 192 = tiny's 384-wide MLP) with twice its parameters (3.6 M in all; named by total parameters)."""
-    return _config(
-        overrides,
-        vocab_size=4096,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=192,
-    )
+    return tiny(**{"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 192, **overrides})
 
 
 @register_preset("gpt2-124m", 124e6)

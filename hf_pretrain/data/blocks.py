@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -109,7 +110,7 @@ def count_and_keep_streaming(marked: IterableDataset, stats: BlockStats, start: 
     return marked.filter(count).remove_columns(HELPER_COLUMNS)
 
 
-class Block:
+class Block(ABC):
     """A step of the chain. Subclasses set `name` and implement `process(batch) -> batch with DROP`."""
 
     name = "block"
@@ -119,8 +120,9 @@ class Block:
     def __init__(self):
         self.stats = BlockStats(self.name)
 
+    @abstractmethod
     def process(self, batch: dict[str, list]) -> dict[str, list]:
-        raise NotImplementedError
+        """The batch rewritten, with `DROP` (and `FIRST` when the number of rows changes)."""
 
     def _process(self, batch: dict[str, list]) -> dict[str, list]:
         n_in = len(batch[self.text_column])
@@ -168,5 +170,5 @@ class Block:
         marked = data.map(self._process, batched=True, batch_size=self.batch_size, remove_columns=data.column_names)
         return count_and_keep_streaming(marked, self.stats, start)
 
-    def finish(self, kept: Dataset) -> None:
+    def finish(self, kept: Dataset) -> None:  # noqa: B027  (an optional hook, not abstract)
         """Hook after a (non-streaming) run: blocks add their own counters to `self.stats.extra`."""

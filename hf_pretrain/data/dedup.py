@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import functools
 import time
+from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -449,9 +450,9 @@ class _GlobalDedup(Block):
         self.codes = np.zeros(0, np.int8)  # per row of the last run's data: index into REASONS
         self.roots = np.zeros(0, np.int64)  # per row: the row kept for its cluster (itself if kept)
 
+    @abstractmethod
     def first_pass(self, data: Dataset, num_proc: int | None) -> dict:
         """Set `self.codes` and `self.roots` for `data`; returns counters for `stats.extra`."""
-        raise NotImplementedError
 
     def process(self, batch: dict[str, list]) -> dict[str, list]:
         out = {name: values for name, values in batch.items() if name != ROW}

@@ -47,13 +47,10 @@ class LossSpikeError(RuntimeError):
     """Raised by the loss guard with spike_action="stop"."""
 
 
-def injected(step: int) -> str | None:
-    """The test knob's injection for optimizer step `step` (1-based), if any."""
-    for item in filter(None, os.environ.get(INJECT_KNOB, "").split(",")):
-        at, _, kind = item.partition(":")
-        if int(at) == step:
-            return kind
-    return None
+def injections() -> dict[int, str]:
+    """The test knob's injections by optimizer step (1-based): {} when it is not set."""
+    pairs = (item.partition(":") for item in filter(None, os.environ.get(INJECT_KNOB, "").split(",")))
+    return {int(at): kind for at, _, kind in pairs}
 
 
 class LossGuardCallback(TrainerCallback):

@@ -70,7 +70,7 @@ from .checkpoints import (
     staging_root,
     write_run_state,
 )
-from .loss_guard import LossGuardCallback, injected
+from .loss_guard import LossGuardCallback, injections
 from .schedules import build_schedule
 
 # Test-only: "STEP:SECONDS" sleeps between a checkpoint's weights and its optimizer state when saving at STEP.
@@ -103,6 +103,7 @@ class PretrainTrainer(Trainer):
         self._staging: str | None = None  # where _save_checkpoint writes before the rename
         self._update_steps_per_epoch = 0
         self._run_state: dict = {}  # hf_pretrain_state.json of the checkpoint being resumed
+        self._injections: dict[int, str] = {}  # the loss guard's test knob, read once per train()
         self._injections_done: set[int] = set()
         if not self.extras:
             return
@@ -163,7 +164,7 @@ class PretrainTrainer(Trainer):
         for timer in timers:
             timer.before_micro_batch()  # (the test knob's sleep counts as this rank's compute)
         loss = super().training_step(model, inputs, *args, **kwargs)
-        if self.extras and injected(self.state.global_step + 1):
+        if self._injections and self.state.global_step + 1 in self._injections:
             self._injections_done.add(self.state.global_step + 1)
         end = time.perf_counter()
         for timer in timers:
@@ -175,7 +176,7 @@ class PretrainTrainer(Trainer):
     def compute_loss(self, model, inputs, *args, **kwargs):
         result = super().compute_loss(model, inputs, *args, **kwargs)
         step = self.state.global_step + 1
-        kind = injected(step) if self.extras and model.training and step not in self._injections_done else None
+        kind = self._injections.get(step) if model.training and step not in self._injections_done else None
         if kind is None:  # the test-only knob of the loss guard (once per step: a replay after a roll-back is clean)
             return result
         loss = result[0] if isinstance(result, tuple) else result
@@ -264,6 +265,7 @@ class PretrainTrainer(Trainer):
             return super().train(resume_from_checkpoint, *args, **kwargs)
         self.run_attention_preflight()
         self._attach_telemetry()
+        self._injections = injections()
         self._clear_interrupted_saves()
         checkpoint = self._resolve_checkpoint(resume_from_checkpoint)
         self._run_state = read_run_state(checkpoint) if checkpoint else {}

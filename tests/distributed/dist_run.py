@@ -31,7 +31,6 @@ class Losses(TrainerCallback):
 
 def parameters_digest(trainer) -> str:
     digest = hashlib.sha256()
-    model = trainer.model_wrapped if hasattr(trainer.model_wrapped, "module") else trainer.model
     params = list(trainer.model.named_parameters())
     if trainer.is_deepspeed_enabled:
         import deepspeed
@@ -42,7 +41,6 @@ def parameters_digest(trainer) -> str:
     else:
         for _, p in params:
             digest.update(p.detach().float().cpu().numpy().tobytes())
-    del model
     return digest.hexdigest()
 
 
