@@ -26,3 +26,11 @@ def quick_args(output_dir, **overrides):
 
     defaults = dict(report_to="none", save_strategy="no", disable_tqdm=True, logging_steps=1)
     return PretrainingArguments(output_dir=str(output_dir), **{**defaults, **overrides})
+
+
+def training_logs(output_dir) -> list[dict]:
+    """The training logs of a run as the user sees them (telemetry.jsonl): with the measured values that
+    PretrainTrainer keeps out of state.log_history."""
+    from hf_pretrain.telemetry.jsonl import read_jsonl
+
+    return [record for record in read_jsonl(output_dir) if "loss" in record]

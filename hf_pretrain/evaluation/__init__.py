@@ -16,7 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from .generation_probe import GenerationProbeCallback, exact_match, normalize_answer, parse_prompt
-from .reduce import CausalLMMetrics, compute_metrics, preprocess_logits_for_metrics, token_statistics
+from .reduce import (
+    CausalLMMetrics,
+    causal_lm_statistics_or_empty,
+    compute_metrics,
+    preprocess_logits_for_metrics,
+    token_statistics,
+)
 
 METRICS_DIR = Path(__file__).resolve().parent / "metrics"
 METRICS = ("perplexity", "next_token_accuracy")
@@ -51,6 +57,7 @@ def load_metric(name: str, **kwargs):
 __all__ = [
     "METRICS",
     "CausalLMMetrics",
+    "causal_lm_statistics_or_empty",
     "GenerationProbeCallback",
     "compute_metrics",
     "exact_match",

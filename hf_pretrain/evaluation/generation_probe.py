@@ -48,9 +48,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
-from transformers import TrainerCallback
 
 from .. import precision
+from ..callback import PretrainCallback
 
 ANSWER_SEPARATOR = "=>"
 _PUNCTUATION = ".,;:!?"
@@ -127,7 +127,7 @@ def _is_sharded(model, args) -> bool:
         return False
 
 
-class GenerationProbeCallback(TrainerCallback):
+class GenerationProbeCallback(PretrainCallback):
     """Greedy completions of `prompts` every `every_n_steps` steps (see the module docstring).
 
     `prompts`: strings, or `(prompt, expected_answer)` pairs (expected None: not scored).

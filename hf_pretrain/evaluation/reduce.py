@@ -83,6 +83,25 @@ def preprocess_logits_for_metrics(logits, labels) -> torch.Tensor:
     return token_statistics(logits, labels)
 
 
+def causal_lm_statistics_or_empty(logits, labels) -> torch.Tensor:
+    """`preprocess_logits_for_metrics` for a model whose outputs may not be causal-LM logits.
+
+    `[batch, seq, vocab]` logits with `[batch, seq]` labels -> `token_statistics`; anything else
+    (other shapes, no labels) -> rows of zeros: no token predicted, so `CausalLMMetrics(skip_empty=True)`
+    reports no metric instead of failing the evaluation.
+    """
+    first = logits[0] if isinstance(logits, (tuple, list)) and logits else logits
+    if (
+        torch.is_tensor(first)
+        and first.dim() == 3
+        and torch.is_tensor(labels)
+        and tuple(labels.shape) == tuple(first.shape[:2])
+    ):
+        return token_statistics(first, labels)
+    batch = first.shape[0] if torch.is_tensor(first) and first.dim() else 1
+    return torch.zeros(batch, len(STATS), device=first.device if torch.is_tensor(first) else None)
+
+
 def _as_rows(predictions) -> np.ndarray:
     """The accumulated statistics as a float64 [rows, 3] array, or a clear error when they are something else."""
     if isinstance(predictions, torch.Tensor):
@@ -151,10 +170,13 @@ class CausalLMMetrics:
       `evaluate` metrics (`add_batch`) and returns {} until `compute_result=True` (the last batch),
       which returns the result and starts afresh for the next evaluation. The Trainer then keeps
       nothing of the evaluation set, labels included.
+    With `skip_empty=True` an evaluation in which no token was predicted returns {} (no metric)
+    instead of NaN: what `PretrainTrainer` installs for models that may not be causal LMs.
     Use one instance per Trainer.
     """
 
-    def __init__(self):
+    def __init__(self, skip_empty: bool = False):
+        self.skip_empty = skip_empty
         self._metrics: dict | None = None
 
     def __call__(self, eval_prediction, compute_result: bool | None = None) -> dict[str, float]:
@@ -163,13 +185,16 @@ class CausalLMMetrics:
         rows = _as_rows(eval_prediction.predictions)
         if self._metrics is None:
             self._metrics = _load_metrics()
-            self._rows = 0
+            self._rows = self._tokens = 0
         if len(rows):
             _add_rows(self._metrics, rows)
             self._rows += len(rows)
+            self._tokens += int(rows[:, 2].sum())
         if not compute_result:
             return {}
-        metrics, seen, self._metrics = self._metrics, self._rows, None
+        metrics, seen, tokens, self._metrics = self._metrics, self._rows, self._tokens, None
+        if self.skip_empty and tokens == 0:
+            return {}
         if seen == 0:
             return {"perplexity": float("nan"), "next_token_accuracy": float("nan")}
         return _result(metrics)

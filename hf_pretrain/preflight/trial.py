@@ -96,6 +96,7 @@ def run_worker(spec: TrialSpec) -> dict:
     from .. import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
     from ..data import PackedDocumentCollator
     from ..presets import load_config
+    from ..telemetry.jsonl import read_jsonl
 
     torch.manual_seed(spec.seed)
     config = load_config(spec.config)
@@ -121,7 +122,7 @@ def run_worker(spec: TrialSpec) -> dict:
         model=PretrainForCausalLM(config), args=args, train_dataset=data, data_collator=PackedDocumentCollator(1)
     )
     trainer.train()
-    logs = [h for h in trainer.state.log_history if "loss" in h]
+    logs = [h for h in read_jsonl(spec.out_dir) if "loss" in h]  # measured values are not in state.log_history
     measured = [h for h in logs if h["step"] > spec.warmup_steps] or logs
     steps = [h["step_time_s"] for h in measured if "step_time_s" in h]
     mean = lambda key: statistics.fmean(v) if (v := [h[key] for h in measured if key in h]) else None  # noqa: E731

@@ -13,15 +13,17 @@ with a kernel running, so `gpu_power_of_limit` (draw / limit) sits beside it: 96
 from __future__ import annotations
 
 import torch
-from transformers import TrainerCallback
 from transformers.utils import logging
 
+from ..callback import PretrainCallback
 from .sensors import CpuSensors, open_sensors
 
 logger = logging.get_logger(__name__)
 
 
-class HardwareSensorsCallback(TrainerCallback):
+class HardwareSensorsCallback(PretrainCallback):
+    keep_in_history = False  # read off clocks and sensors: differs between identical runs
+
     def __init__(self, every: int = 10, sensors: CpuSensors | None = None):
         self.every = max(1, every)
         self.sensors = sensors

@@ -3,7 +3,8 @@
 The one run-event stream of hf_pretrain: the Trainer's logs with everything the telemetry
 callbacks merged into them (throughput, MFU, sensors, straggler per-rank figures, warnings), each
 with `step` and wall-clock `time`. Written by the main process only and flushed per line, so a run
-that dies keeps what it logged. `hf-pretrain report` reads it. It writes what it is given and logs
+that dies keeps what it logged. After a resume the records past the resumed step are dropped
+before the replayed steps are logged again, so every step appears once. `hf-pretrain report` reads it. It writes what it is given and logs
 no keys of its own besides `step` and `time`.
 """
 
@@ -14,7 +15,7 @@ import math
 import time
 from pathlib import Path
 
-from transformers import TrainerCallback
+from ..callback import PretrainCallback
 
 FILENAME = "telemetry.jsonl"
 
@@ -25,9 +26,29 @@ def _jsonable(value):
     return value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
 
 
-class JsonlCallback(TrainerCallback):
+class JsonlCallback(PretrainCallback):
     def __init__(self, output_dir: str | Path):
         self.path = Path(output_dir) / FILENAME
+        self._trimmed = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._trimmed = False  # a roll-back's replay is a new pass too
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        """Once per train(), at the first step (the Trainer restores a resumed state after on_train_begin): drop
+        what an earlier run logged past this step, so the steps a resume replays appear once."""
+        if self._trimmed or not state.is_world_process_zero:
+            return
+        self._trimmed = True
+        if not self.path.exists():
+            return
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        # (a line cut by a killed run goes too: the next record would be glued to it)
+        kept = [line for line in lines if line.endswith("\n") and (_step_of(line) or 0) <= state.global_step]
+        if len(kept) < len(lines):
+            staged = self.path.with_suffix(".jsonl.tmp")
+            staged.write_text("".join(kept), encoding="utf-8")
+            staged.replace(self.path)  # one rename: a crash leaves the old stream or the new one
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -36,6 +57,14 @@ class JsonlCallback(TrainerCallback):
         record = {"step": state.global_step, "time": time.time(), **{k: _jsonable(v) for k, v in logs.items()}}
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record.get("step") if isinstance(record, dict) and isinstance(record.get("step"), int) else None
 
 
 def read_jsonl(run_dir: str | Path) -> list[dict]:

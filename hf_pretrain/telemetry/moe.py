@@ -24,7 +24,7 @@ Forwards without gradients (evaluation, generation) are not counted; the loss th
 
 from __future__ import annotations
 
-from transformers import TrainerCallback
+from ..callback import PretrainCallback
 
 KEYS = ("moe_aux_loss", "moe_z_loss", "moe_expert_load_max", "moe_expert_load_min", "moe_dropped_fraction")
 
@@ -35,7 +35,7 @@ def _moe_metrics(model):
     return getattr(model, "moe_metrics", None)
 
 
-class MoECallback(TrainerCallback):
+class MoECallback(PretrainCallback):
     def __init__(self, model=None, per_layer: bool = False):
         self.model = model
         self.per_layer = per_layer

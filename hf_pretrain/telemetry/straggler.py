@@ -38,9 +38,9 @@ import time
 
 import torch
 import torch.distributed as dist
-from transformers import TrainerCallback
 from transformers.utils import logging
 
+from ..callback import PretrainCallback
 from .sensors import LIMITING_REASONS
 from .underclock import underclock_warning
 
@@ -119,7 +119,9 @@ def _hook_ddp(model) -> bool:
     return True
 
 
-class StragglerCallback(TrainerCallback):
+class StragglerCallback(PretrainCallback):
+    keep_in_history = False  # read off clocks and sensors: differs between identical runs
+
     def __init__(self, every: int = 20, threshold: float = 0.75, sensors=None, underclock_threshold: float = 0.6):
         self.every = max(1, every)
         self.threshold = threshold

@@ -14,8 +14,10 @@ the console, `report_to` and the JSONL stream alike):
   and saving included)
 
 and once, at the first log: `peak_tflops_spec` (when known) and `peak_tflops_measured`.
-Throughput and MFU need the Trainer's token counter (`include_num_input_tokens_seen`); with it off
-they are left out rather than logged as 0.
+Tokens come from `tokens_seen(state)` (PretrainTrainer passes its count of real tokens, which
+needs no `include_num_input_tokens_seen`); when the batches carry no tokens (no `input_ids`) there is
+no throughput and no MFU: they are left out rather than logged as 0. Without a sequence length (rows
+without `input_ids`, a config without `max_position_embeddings`) there are no FLOPs, so no MFU.
 
 FLOPs per token come from `telemetry/flops.py` (windows honoured per layer; causal context). With
 packed documents the real context is shorter than the block, so MFU is a slight overestimate there.
@@ -24,11 +26,13 @@ packed documents the real context is shorter than the block, so MFU is a slight 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
-from transformers import TrainerCallback
+from transformers import TrainerState
 from transformers.utils import logging
 
+from ..callback import PretrainCallback
 from .flops import flops_per_token
 from .peaks import device_name, measure_matmul_tflops, spec_tflops
 
@@ -45,11 +49,20 @@ def precision_of(args) -> str:
     return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
 
 
-class ThroughputCallback(TrainerCallback):
-    def __init__(self, seq_len: int, peak_tflops: float | None = None, measure_ceiling: bool = True):
-        self.seq_len = seq_len
+class ThroughputCallback(PretrainCallback):
+    keep_in_history = False  # read off clocks and sensors: differs between identical runs
+
+    def __init__(
+        self,
+        seq_len: int | None,
+        peak_tflops: float | None = None,
+        measure_ceiling: bool = True,
+        tokens_seen: Callable[[TrainerState], int] | None = None,
+    ):
+        self.seq_len = seq_len  # None: the run's sequence length is unknown, so no FLOPs and no MFU
         self.peak_tflops = peak_tflops
         self.measure_ceiling = measure_ceiling
+        self.tokens_seen = tokens_seen or (lambda state: state.num_input_tokens_seen)
         self.flops_per_token: float | None = None
         self.spec: float | None = None
         self.measured: float | None = None
@@ -58,11 +71,14 @@ class ThroughputCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.world_size = args.world_size
         config = getattr(model, "config", None)
-        try:
-            self.flops_per_token = flops_per_token(config, self.seq_len)
-        except (AttributeError, TypeError):  # not a Llama-like config: no FLOPs, so no MFU (never a made-up 0)
-            self.flops_per_token = None
-            logger.warning(f"MFU unavailable: no FLOPs-per-token formula for {type(config).__name__}.")
+        self.flops_per_token = None  # unknown: no MFU, never a made-up 0
+        if self.seq_len is None:
+            logger.info("MFU unavailable: the rows have no input_ids and the model config no max_position_embeddings.")
+        else:
+            try:
+                self.flops_per_token = flops_per_token(config, self.seq_len)
+            except (AttributeError, TypeError):  # not a Llama-like config
+                logger.info(f"MFU unavailable: no FLOPs-per-token formula for {type(config).__name__}.")
         precision = precision_of(args)
         name = device_name(args.device)
         self.spec = self.peak_tflops or spec_tflops(name, precision)
@@ -82,7 +98,7 @@ class ThroughputCallback(TrainerCallback):
         self._once = {
             k: round(v, 2) for k, v in (("peak_tflops_spec", self.spec), ("peak_tflops_measured", self.measured)) if v
         }
-        self._interval = (time.perf_counter(), state.num_input_tokens_seen, state.global_step)
+        self._interval = (time.perf_counter(), self.tokens_seen(state), state.global_step)
         self._step_times: list[float] = []
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -95,7 +111,7 @@ class ThroughputCallback(TrainerCallback):
         """Metrics over the interval since the previous call (PretrainTrainer merges them into each training log)."""
         now = time.perf_counter()
         start, tokens0, step0 = self._interval
-        self._interval = (now, state.num_input_tokens_seen, state.global_step)
+        self._interval = (now, self.tokens_seen(state), state.global_step)
         metrics: dict[str, float] = {}
         if self._step_times:
             metrics["step_time_s"] = sum(self._step_times) / len(self._step_times)
@@ -104,7 +120,7 @@ class ThroughputCallback(TrainerCallback):
             metrics["eta_seconds"] = (
                 max(state.max_steps - state.global_step, 0) * (now - start) / (state.global_step - step0)
             )
-        tokens = state.num_input_tokens_seen - tokens0
+        tokens = self._interval[1] - tokens0
         if tokens > 0:  # with token counting off there is no throughput and no MFU, rather than a 0
             rate = tokens / max(now - start, 1e-9)
             per_rank = rate / self.world_size

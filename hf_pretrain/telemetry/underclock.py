@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import socket
 
-from transformers import TrainerCallback
 from transformers.utils import logging
 
+from ..callback import PretrainCallback
 from .hardware import HardwareSensorsCallback
 from .sensors import LIMITING_REASONS
 
@@ -46,7 +46,9 @@ def underclock_warning(
     )
 
 
-class UnderclockCallback(TrainerCallback):
+class UnderclockCallback(PretrainCallback):
+    keep_in_history = False  # read off clocks and sensors: differs between identical runs
+
     def __init__(self, sensors: HardwareSensorsCallback, threshold: float = 0.6, min_utilization: float = 50.0):
         self.sensors = sensors
         self.threshold = threshold

@@ -24,7 +24,7 @@ import os
 import shutil
 from pathlib import Path
 
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 STAGING_DIR = ".saving"
 RUN_STATE_NAME = "hf_pretrain_state.json"
@@ -73,11 +73,6 @@ def promote(staged: str, final: str) -> None:
         shutil.rmtree(replaced)
     with contextlib.suppress(OSError):  # leave no empty staging folder behind
         os.rmdir(os.path.dirname(staged))
-
-
-def latest_checkpoint(run_dir: str) -> str | None:
-    """The newest `checkpoint-N` in `run_dir` (every one there is complete: see the module docstring)."""
-    return get_last_checkpoint(run_dir) if os.path.isdir(run_dir) else None
 
 
 def checkpoint_name(step: int) -> str:

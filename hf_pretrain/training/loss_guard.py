@@ -16,7 +16,8 @@ it was compared with. The learning-rate schedule still advances on a skipped ste
 learning-rate scale (`lr_scale`, 1 until a roll-back) is applied at each optimizer step and kept
 in every checkpoint (`state()`), so a later resume keeps the lowered rate.
 
-Logs: `loss_guard_skipped` (updates skipped so far), `loss_guard_spikes` (spikes so far),
+Logs, from the first event on (a healthy run logs nothing of its own):
+`loss_guard_skipped` (updates skipped so far), `loss_guard_spikes` (spikes so far),
 `loss_guard_rollbacks` and `loss_guard_lr_scale` (after a roll-back) and, for the log that follows
 an event, `loss_guard_event` (text).
 
@@ -34,8 +35,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from transformers import TrainerCallback
 from transformers.utils import logging
+
+from ..callback import PretrainCallback
 
 logger = logging.get_logger(__name__)
 
@@ -53,7 +55,9 @@ def injections() -> dict[int, str]:
     return {int(at): kind for at, _, kind in pairs}
 
 
-class LossGuardCallback(TrainerCallback):
+class LossGuardCallback(PretrainCallback):
+    keep_in_history = False  # events go to loss_guard.jsonl and the logs; the history stays Trainer's
+
     def __init__(
         self,
         spike_factor: float = 3.0,
@@ -180,7 +184,10 @@ class LossGuardCallback(TrainerCallback):
                 f.write(json.dumps(event) + "\n")
 
     def metrics_for_log(self, state) -> dict:
+        """The counters once anything happened (a healthy run logs what `Trainer` logs), and the pending event."""
         pending, self._pending = self._pending, {}
+        if not (self.skipped or self.spikes or self.rollbacks or pending):
+            return {}
         rollbacks = (
             {"loss_guard_rollbacks": self.rollbacks, "loss_guard_lr_scale": self.lr_scale} if self.rollbacks else {}
         )

@@ -1,17 +1,21 @@
 """`PretrainTrainer`: a drop-in `transformers.Trainer` for pretraining from scratch.
 
 Any script that runs with `Trainer(model=..., args=..., train_dataset=..., data_collator=...)` runs
-unchanged with `PretrainTrainer`; with `args.pretrain_extras=False` it is `Trainer`, to the loss.
-With extras on (the default) it:
-- counts tokens seen (real tokens: transformers' own counter, gathered over ranks, logged as
-  `num_input_tokens_seen`; `"non_padding"` for plain `TrainingArguments`, and every token for a
-  collator that never pads, such as `PackedDocumentCollator`);
-- adds the telemetry callbacks (`hf_pretrain.telemetry`) and merges what they measured into every
-  training log: tokens/s global and per rank, step time, model TFLOP/s, MFU against the spec
-  peak and a measured ceiling, ETA (`ThroughputCallback`); with `args.telemetry` also clocks,
-  power, memory (`HardwareSensorsCallback`), under-clock warnings (`UnderclockCallback`),
-  per-rank compute / wait and the slow rank (`StragglerCallback`), all of it written to
-  `telemetry.jsonl` (`JsonlCallback`) as well as to `report_to`;
+unchanged with `PretrainTrainer`, for any model and dataset; with `args.pretrain_extras=False` it is
+`Trainer`, to the loss. With extras on (the default, plain `TrainingArguments` included) the user's
+arguments are never written to, the callback list is the user's outside `train()`, and
+`state.log_history` holds what `Trainer` puts there (docs/training.md lists the deliberate
+differences). It:
+- counts tokens seen: transformers' own counter when the arguments ask for it (`"non_padding"` by
+  default in `PretrainingArguments`; every token for a collator that never pads, such as
+  `PackedDocumentCollator`), else a count of its own for throughput, summed on the device;
+- attaches the telemetry callbacks (`hf_pretrain.telemetry`) for each `train()` and merges what
+  they measured into every training log: tokens/s global and per rank, step time, model TFLOP/s,
+  MFU against the spec peak and a measured ceiling, ETA (`ThroughputCallback`); with
+  `args.telemetry` also clocks, power, memory (`HardwareSensorsCallback`), under-clock warnings
+  (`UnderclockCallback`), per-rank compute / wait and the slow rank (`StragglerCallback`), all of it
+  written to `telemetry.jsonl` (`JsonlCallback`) as well as to `report_to`. Measured values stay
+  out of `state.log_history` (see `hf_pretrain/callback.py`);
 - refuses to train as one process when the launcher started several (WORLD_SIZE > 1 but the
   Trainer sees world_size 1, e.g. a GPU launch config on a CPU-only machine): silent
   single-process training wastes the other ranks;
@@ -26,7 +30,8 @@ With extras on (the default) it:
 - resumes exactly and fast: the training order comes from `ResumableSampler` (the order the
   Trainer already uses), its position is saved with every checkpoint and a resume starts the
   sampler there instead of walking through the consumed batches; the saved position is checked
-  against the dataset and batch geometry of the resumed run;
+  against the dataset and batch geometry of the resumed run (another geometry warns and falls
+  back to the Trainer's batch skipping);
 - writes checkpoints atomically (`checkpoints.py`): staged, then renamed into place; a killed
   save leaves the previous checkpoint as the newest;
 - applies `args.precision` (`hf_pretrain.precision`): converts the selected linears before the
@@ -38,18 +43,22 @@ It is the one place where hf_pretrain attaches its callbacks, schedules and pref
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import time
 import types
+from pathlib import Path
 
 import torch
 import transformers.trainer as hf_trainer
 from torch.utils.data import RandomSampler
 from transformers import DataCollatorWithFlattening, Trainer
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.utils import logging
 
+from ..callback import PretrainCallback
 from ..data.sampler import ResumableSampler
-from ..evaluation import CausalLMMetrics, GenerationProbeCallback, parse_prompt, preprocess_logits_for_metrics
+from ..evaluation import CausalLMMetrics, GenerationProbeCallback, causal_lm_statistics_or_empty, parse_prompt
 from ..modeling.attention import Environment, plan_attention
 from ..precision import apply_precision, high_precision
 from ..precision.recipes import LOW_PRECISION
@@ -60,11 +69,10 @@ from ..telemetry.moe import MoECallback
 from ..telemetry.straggler import StragglerCallback
 from ..telemetry.throughput import ThroughputCallback
 from ..telemetry.underclock import UnderclockCallback
-from .arguments import PretrainingArguments
+from .checkpoint_check import CheckpointError, check_checkpoint, checkpoints_newest_first, explain
 from .checkpoints import (
     checkpoint_name,
     clear_staging,
-    latest_checkpoint,
     promote,
     read_run_state,
     staging_root,
@@ -90,6 +98,25 @@ def _sampler_positioned():
         hf_trainer.skip_first_batches = skip
 
 
+def is_causal_lm(model) -> bool:
+    """Whether `model` (a PeftModel's base model included) is a causal LM whose logits are [batch, seq, vocab]."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    name = type(base).__name__
+    return name.endswith("ForCausalLM") or name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+
+
+@contextlib.contextmanager
+def _rotation_deferred():
+    """`Trainer._save_checkpoint` rotates old checkpoints at its end (module function `rotate_checkpoints`,
+    transformers 5.24); the atomic save rotates itself after the rename."""
+    rotate = hf_trainer.rotate_checkpoints
+    hf_trainer.rotate_checkpoints = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        hf_trainer.rotate_checkpoints = rotate
+
+
 class PretrainTrainer(Trainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -99,6 +126,8 @@ class PretrainTrainer(Trainer):
         self.precision_report = None
         self.loss_guard = None
         self._micro_batch_timers: list = []
+        self._attached: list[PretrainCallback] = []  # what train() attached; detached when it returns
+        self._local_tokens: torch.Tensor | None = None  # real tokens of this rank, when args do not count them
         self._sampler: ResumableSampler | None = None
         self._staging: str | None = None  # where _save_checkpoint writes before the rename
         self._update_steps_per_epoch = 0
@@ -107,13 +136,13 @@ class PretrainTrainer(Trainer):
         self._injections_done: set[int] = set()
         if not self.extras:
             return
-        if self.compute_metrics is not None and self.preprocess_logits_for_metrics is None:
+        if self.compute_metrics is not None and self.preprocess_logits_for_metrics is None and is_causal_lm(self.model):
             logger.warning(
                 "compute_metrics without preprocess_logits_for_metrics: evaluate() keeps the logits of the whole "
                 "evaluation set ([samples, seq, vocab]). Reduce them per batch with "
                 "hf_pretrain.evaluation.preprocess_logits_for_metrics (docs/evaluation.md)."
             )
-        if getattr(self.args, "loss_guard", True):
+        if getattr(self.args, "loss_guard", True):  # attached at train(), with the telemetry
             self.loss_guard = LossGuardCallback(
                 getattr(self.args, "loss_spike_factor", 3.0),
                 getattr(self.args, "loss_spike_window", 20),
@@ -123,7 +152,6 @@ class PretrainTrainer(Trainer):
                 getattr(self.args, "loss_spike_max_rollbacks", 3),
             )
             self.loss_guard.model = self.model
-            self.add_callback(self.loss_guard)
         if getattr(self.args, "precision", None) in LOW_PRECISION:
             self.precision_report = apply_precision(
                 self.model,
@@ -135,13 +163,6 @@ class PretrainTrainer(Trainer):
             )
             if self.is_world_process_zero():
                 print(self.precision_report.summary(), flush=True)
-        if not isinstance(self.args, PretrainingArguments) and self.args.include_num_input_tokens_seen in ("no", False):
-            self.args.include_num_input_tokens_seen = "non_padding"  # plain TrainingArguments default off
-        if (
-            getattr(self.data_collator, "has_padding", True) is False
-            and self.args.include_num_input_tokens_seen != "no"
-        ):
-            self.args.include_num_input_tokens_seen = "all"  # nothing to subtract, and no pad id to look for
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         if launched != self.args.world_size:
             raise RuntimeError(
@@ -150,13 +171,71 @@ class PretrainTrainer(Trainer):
             )
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Merge the callbacks' metrics into each training log. Measured values (clocks, sensors) reach the
+        console, `report_to` and telemetry.jsonl but not `state.log_history`: identical runs keep identical states."""
+        measured: set[str] = set()
         if self.extras and "loss" in logs:
             for callback in self.callback_handler.callbacks:
-                if hasattr(callback, "metrics_for_log"):
-                    logs.update(callback.metrics_for_log(self.state))
+                if isinstance(callback, PretrainCallback):
+                    metrics = callback.metrics_for_log(self.state)
+                    logs.update(metrics)
+                    if not callback.keep_in_history:
+                        measured.update(metrics)
             logs.update(self._pending_preflight_logs)
             self._pending_preflight_logs = {}
         super().log(logs, start_time)
+        if measured:
+            kept = self.state.log_history[-1]
+            for key in measured:
+                kept.pop(key, None)
+
+    def _track_num_input_tokens(self, inputs):
+        """transformers' token counter when the arguments ask for it, else a count of our own for throughput.
+
+        The arguments are never written to: with counting off (plain `TrainingArguments`) real tokens are summed
+        on the device for `tokens_seen()`, without a sync per micro-batch and without the Trainer's per-step
+        warning for batches that carry no `main_input_name`."""
+        if not self.extras:
+            return super()._track_num_input_tokens(inputs)
+        counting = self.args.include_num_input_tokens_seen
+        if counting == "no" or getattr(self.data_collator, "has_padding", True) is False:
+            count = self._real_tokens(inputs)
+            if count is None:
+                return
+            if counting == "no":
+                self._local_tokens = count if self._local_tokens is None else self._local_tokens + count
+            else:  # a collator that never pads: every token is real, no pad id to guess with
+                self.state.num_input_tokens_seen += self.accelerator.gather(count).sum().item()
+            return
+        super()._track_num_input_tokens(inputs)
+
+    def _real_tokens(self, inputs) -> torch.Tensor | None:
+        """Non-padding tokens of a batch (transformers' rule), or None for batches without `main_input_name`."""
+        ids = inputs.get(getattr(self.model, "main_input_name", "input_ids"))
+        if not torch.is_tensor(ids):
+            return None
+        if getattr(self.data_collator, "has_padding", True) is False:
+            count = torch.tensor(ids.numel())
+        elif torch.is_tensor(inputs.get("attention_mask")):
+            count = inputs["attention_mask"].sum()
+        elif getattr(self.processing_class, "pad_token_id", None) is not None:
+            count = (ids != self.processing_class.pad_token_id).sum()
+        else:
+            count = torch.tensor(ids.numel())
+        return count.to(self.args.device, torch.int64)
+
+    def tokens_seen(self, state=None) -> int:
+        """Real tokens of all ranks so far: the Trainer's counter, or ours when the arguments do not count.
+
+        Our count is reduced over ranks here (every rank calls it at the same log), not at every micro-batch."""
+        if self.args.include_num_input_tokens_seen != "no":
+            return self.state.num_input_tokens_seen
+        if self._local_tokens is None:
+            return 0
+        total = self._local_tokens.clone()
+        if self.args.world_size > 1 and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(total)
+        return int(total.item())
 
     def training_step(self, model, inputs, *args, **kwargs):
         timers = self._micro_batch_timers  # found once per train(), not per micro-batch
@@ -218,24 +297,28 @@ class PretrainTrainer(Trainer):
 
     @contextlib.contextmanager
     def _lm_eval_metrics(self):
-        """Perplexity and next-token accuracy from per-sequence sums (`hf_pretrain.evaluation`) when the user set no
-        metrics of their own: evaluate() then keeps neither logits nor labels of the evaluation set."""
+        """Perplexity and next-token accuracy from per-sequence sums (`hf_pretrain.evaluation`) for a causal LM when
+        the user set no metrics of their own: evaluate() then keeps neither logits nor labels of the evaluation set.
+        Any other model evaluates as with `Trainer` (only `eval_loss`)."""
         if not (
             self.extras
             and getattr(self.args, "eval_lm_metrics", True)
             and self.compute_metrics is None
             and self.preprocess_logits_for_metrics is None
+            and is_causal_lm(self.model)
         ):
             yield
             return
-        batch_eval_metrics = self.args.batch_eval_metrics
-        self.compute_metrics, self.preprocess_logits_for_metrics = CausalLMMetrics(), preprocess_logits_for_metrics
+        args = self.args
+        self.args = copy.copy(args)  # the user's arguments are never written to
         self.args.batch_eval_metrics = True  # one add_batch per batch: nothing of the eval set accumulates
+        self.compute_metrics = CausalLMMetrics(skip_empty=True)
+        self.preprocess_logits_for_metrics = causal_lm_statistics_or_empty
         try:
             yield
         finally:
             self.compute_metrics = self.preprocess_logits_for_metrics = None
-            self.args.batch_eval_metrics = batch_eval_metrics
+            self.args = args
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         name = getattr(self.args, "pretrain_schedule", None)
@@ -264,47 +347,99 @@ class PretrainTrainer(Trainer):
         if not self.extras:
             return super().train(resume_from_checkpoint, *args, **kwargs)
         self.run_attention_preflight()
-        self._attach_telemetry()
         self._injections = injections()
         self._clear_interrupted_saves()
         checkpoint = self._resolve_checkpoint(resume_from_checkpoint)
         self._run_state = read_run_state(checkpoint) if checkpoint else {}
         if self.loss_guard is not None and "loss_guard" in self._run_state:
             self.loss_guard.load_state(self._run_state["loss_guard"])
-        while True:
-            output = super().train(checkpoint, *args, **kwargs)
-            guard = self.loss_guard
-            if guard is None or guard.rollback_from is None:
-                return output
-            checkpoint = self._rollback_checkpoint(guard.rollback_from)
-            guard.start_rollback(self.args, checkpoint)  # lowers the learning rate, or stops
-            self._run_state = read_run_state(checkpoint)
+        self._attach_callbacks()
+        try:
+            while True:
+                output = super().train(checkpoint, *args, **kwargs)
+                guard = self.loss_guard
+                if guard is None or guard.rollback_from is None:
+                    return output
+                checkpoint = self._rollback_checkpoint(guard.rollback_from)
+                guard.start_rollback(self.args, checkpoint)  # lowers the learning rate, or stops
+                self._run_state = read_run_state(checkpoint)
+        finally:  # the callback list is the user's again, as with Trainer
+            for callback in self._attached:
+                self.remove_callback(callback)
+            self._attached = []
 
     def _resolve_checkpoint(self, resume_from_checkpoint: str | bool | None) -> str | None:
-        if resume_from_checkpoint is True:
-            checkpoint = latest_checkpoint(self.args.output_dir)
-            if checkpoint is None:
-                raise ValueError(f"resume_from_checkpoint=True but {self.args.output_dir} holds no checkpoint-N.")
-            return checkpoint
-        return resume_from_checkpoint or None
+        """The checkpoint to resume, checked first (`checkpoint_check.py`): an explicit path must be whole; `True`
+        takes the newest whole one and says which it skipped."""
+        if not resume_from_checkpoint:
+            return None
+        settings = dict(
+            world_size=self.args.world_size,
+            deepspeed=self.is_deepspeed_enabled,
+            save_only_model=self.args.save_only_model,
+        )
+        if resume_from_checkpoint is not True:
+            check = check_checkpoint(resume_from_checkpoint, **settings)
+            if not check.ok:
+                newest = next(
+                    (
+                        str(p)
+                        for p in checkpoints_newest_first(self.args.output_dir)
+                        if p != Path(check.path) and check_checkpoint(p, **settings).ok
+                    ),
+                    None,
+                )
+                raise CheckpointError(
+                    f"Cannot resume from {check.path}: {explain(check)}. Fix: resume from a whole checkpoint"
+                    + (f" (the newest one is {newest}, or pass resume_from_checkpoint=True)" if newest else "")
+                    + ", or start anew from the weights (from_pretrained) without resume_from_checkpoint."
+                )
+            self._warn_checkpoint(check)
+            return check.path
+        skipped = []
+        for candidate in checkpoints_newest_first(self.args.output_dir):
+            check = check_checkpoint(candidate, **settings)
+            if check.ok:
+                if skipped and self.is_world_process_zero():
+                    logger.warning(
+                        f"Resuming from {check.path}, the newest whole checkpoint; skipped: " + " | ".join(skipped)
+                    )
+                self._warn_checkpoint(check)
+                return check.path
+            skipped.append(f"{candidate.name}: {explain(check)}")
+        found = f" ({' | '.join(skipped)})" if skipped else ""
+        raise CheckpointError(
+            f"resume_from_checkpoint=True but {self.args.output_dir} holds no whole checkpoint-N{found}. "
+            "Fix: pass the output_dir of the run to resume, or train without resume_from_checkpoint."
+        )
+
+    def _warn_checkpoint(self, check) -> None:
+        for warning in check.warnings if self.is_world_process_zero() else ():
+            logger.warning(f"{check.path}: {warning}; resuming anyway (another number of processes).")
+
+    def _wait_for_everyone(self) -> None:
+        """A barrier when there are other ranks. (accelerate's would fail for one DeepSpeed process before the
+        engine starts, which creates the process group.)"""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            self.accelerator.wait_for_everyone()
 
     def _rollback_checkpoint(self, spike_step: int) -> str:
         from .loss_guard import LossSpikeError
 
-        checkpoint = latest_checkpoint(self.args.output_dir)
-        if checkpoint is None:
+        try:
+            return self._resolve_checkpoint(True)
+        except CheckpointError as error:
             raise LossSpikeError(
                 f"loss spike at step {spike_step} and no checkpoint in {self.args.output_dir} to roll back to: "
                 "save checkpoints (save_strategy='steps', save_steps=N) or use loss_spike_action='skip'."
-            )
-        return checkpoint
+            ) from error
 
     def _clear_interrupted_saves(self) -> None:
         if self.args.should_save:
             left = clear_staging(self.args.output_dir)
             if left:
                 print(f"Removed what an interrupted save left in {staging_root(self.args.output_dir)}: {left}")
-        self.accelerator.wait_for_everyone()
+        self._wait_for_everyone()
 
     # Data position: the sampler starts where the checkpoint stopped (see ResumableSampler).
     def _get_train_sampler(self, train_dataset=None):
@@ -325,7 +460,12 @@ class PretrainTrainer(Trainer):
         if self._sampler is None or not resuming or done == 0 or self.args.ignore_data_skip:
             return super()._run_epoch(**kwargs)
         position = self._data_position(kwargs["epoch"], done)
-        self._check_resumed_position(position)
+        mismatch = self._resumed_position_mismatch(position)
+        if mismatch:  # as Trainer does: walk through the consumed batches of the new geometry
+            logger.warning(
+                f"Cannot resume the data position exactly: {mismatch} Falling back to the Trainer's batch skipping."
+            )
+            return super()._run_epoch(**kwargs)
         self._sampler.start_at(position["epoch"], position["samples_consumed_in_epoch"])
         with _sampler_positioned():
             return super()._run_epoch(**kwargs)
@@ -343,10 +483,11 @@ class PretrainTrainer(Trainer):
             "dataset_fingerprint": getattr(self.train_dataset, "_fingerprint", None),
         }
 
-    def _check_resumed_position(self, position: dict) -> None:
+    def _resumed_position_mismatch(self, position: dict) -> str | None:
+        """Why the checkpoint's data position does not fit this run (another dataset or batch geometry), or None."""
         saved = self._run_state.get("data")
         if not saved:
-            return  # a checkpoint of plain transformers: its step count is the only position there is
+            return None  # a checkpoint of plain transformers: its step count is the only position there is
         if saved.get("dataset_fingerprint") != position["dataset_fingerprint"]:  # can be random: warn only
             logger.warning(
                 "train_dataset's fingerprint differs from the checkpoint's: resume with the same packed "
@@ -361,10 +502,8 @@ class PretrainTrainer(Trainer):
         }
         for key, fix in fixes.items():
             if saved.get(key) is not None and position[key] is not None and saved[key] != position[key]:
-                raise ValueError(
-                    f"Cannot resume the data position: {key} is {position[key]} here but {saved[key]} in the "
-                    f"checkpoint. Fix: {fix}, or set ignore_data_skip=True to start this epoch's order anew."
-                )
+                return f"{key} is {position[key]} here but {saved[key]} in the checkpoint (for an exact resume: {fix})."
+        return None
 
     def _save_optimizer_and_scheduler(self, output_dir):
         step, _, seconds = os.environ.get(SLOW_SAVE_KNOB, "").partition(":")
@@ -381,12 +520,12 @@ class PretrainTrainer(Trainer):
         run_dir = super()._get_output_dir(trial)
         name = checkpoint_name(self.state.global_step)
         staged, final = os.path.join(staging_root(run_dir), name), os.path.join(run_dir, name)
-        limit, self.args.save_total_limit = self.args.save_total_limit, None  # rotate only after the rename
         self._staging = staging_root(run_dir)
         try:
-            super()._save_checkpoint(model, trial)
+            with _rotation_deferred():  # rotate only after the rename
+                super()._save_checkpoint(model, trial)
         finally:
-            self._staging, self.args.save_total_limit = None, limit
+            self._staging = None
         best = self.state.best_model_checkpoint
         if best and best.startswith(staging_root(run_dir)):
             self.state.best_model_checkpoint = os.path.join(run_dir, os.path.basename(best))
@@ -394,16 +533,16 @@ class PretrainTrainer(Trainer):
                 self.state.save_to_json(os.path.join(staged, hf_trainer.TRAINER_STATE_NAME))
         if self.args.should_save:
             write_run_state(staged, self._run_state_now())
-        self.accelerator.wait_for_everyone()  # every rank's files are in place
+        self._wait_for_everyone()  # every rank's files are in place
         if self.args.should_save:
             promote(staged, final)
             hf_trainer.rotate_checkpoints(
                 output_dir=run_dir,
-                save_total_limit=limit,
+                save_total_limit=self.args.save_total_limit,
                 best_model_checkpoint=self.state.best_model_checkpoint,
                 use_mtime=True,
             )
-        self.accelerator.wait_for_everyone()
+        self._wait_for_everyone()
 
     def _run_state_now(self) -> dict:
         state = {}
@@ -414,19 +553,17 @@ class PretrainTrainer(Trainer):
             state["loss_guard"] = self.loss_guard.state()
         return state
 
-    def _attach_telemetry(self) -> None:
-        """(Re)attach hf_pretrain's callbacks for this `train()` call."""
-        ours = (ThroughputCallback, HardwareSensorsCallback, UnderclockCallback, StragglerCallback, JsonlCallback)
-        attached = [
-            c for c in self.callback_handler.callbacks if isinstance(c, ours) or getattr(c, "from_arguments", False)
-        ]
-        for callback in attached:
-            self.remove_callback(callback)
+    def _attach_callbacks(self) -> None:
+        """Attach hf_pretrain's callbacks for this `train()` call (`train()` detaches them when it returns)."""
         args = self.args
         get = lambda name, default: getattr(args, name, default)  # noqa: E731  (plain TrainingArguments lack them)
-        callbacks = [
-            ThroughputCallback(self._sequence_length(), get("peak_tflops", None), get("measure_peak_tflops", True))
-        ]
+        self._local_tokens = None
+        callbacks: list[PretrainCallback] = [] if self.loss_guard is None else [self.loss_guard]
+        callbacks.append(
+            ThroughputCallback(
+                self._sequence_length(), get("peak_tflops", None), get("measure_peak_tflops", True), self.tokens_seen
+            )
+        )
         experts = getattr(getattr(self.model, "config", None), "num_experts", 0)
         if experts and not any(isinstance(c, MoECallback) for c in self.callback_handler.callbacks):
             callbacks.append(MoECallback(self.model))  # expert load, aux / z losses, dropped tokens in the logs
@@ -443,17 +580,18 @@ class PretrainTrainer(Trainer):
                 JsonlCallback(args.output_dir),
             ]
         if get("probe_prompts", None) and (get("probe_every", 0) > 0 or get("probe_at_end", True)):
-            probe = GenerationProbeCallback(
-                [parse_prompt(p) for p in args.probe_prompts],
-                args.probe_every,
-                args.probe_max_new_tokens,
-                tokenizer=self.processing_class,
-                at_end=args.probe_at_end,
+            callbacks.append(
+                GenerationProbeCallback(
+                    [parse_prompt(p) for p in args.probe_prompts],
+                    args.probe_every,
+                    args.probe_max_new_tokens,
+                    tokenizer=self.processing_class,
+                    at_end=args.probe_at_end,
+                )
             )
-            probe.from_arguments = True  # replaced at the next train(); a probe passed in callbacks= stays
-            callbacks.append(probe)
         for callback in callbacks:
             self.add_callback(callback)
+        self._attached = callbacks
         self._micro_batch_timers = [c for c in callbacks if hasattr(c, "record_micro_batch")]
 
     def packed_documents(self) -> bool:
@@ -484,9 +622,10 @@ class PretrainTrainer(Trainer):
         self.attention_report = report
         return report
 
-    def _sequence_length(self) -> int:
-        """Tokens per row of the training data (the first row), or the model's maximum context."""
+    def _sequence_length(self) -> int | None:
+        """Tokens per row of the training data (the first row), else the model's maximum context, else None."""
         try:
-            return len(self.train_dataset[0]["input_ids"])
-        except (TypeError, KeyError, IndexError, NotImplementedError):  # iterable or unusual datasets
-            return self.model.config.max_position_embeddings
+            row = self.train_dataset[0]
+            return len(row[getattr(self.model, "main_input_name", "input_ids")])
+        except Exception:  # iterable or unusual datasets, rows without input ids: fall back to the config
+            return getattr(getattr(self.model, "config", None), "max_position_embeddings", None)

@@ -310,10 +310,19 @@ def test_probe_from_pretraining_arguments_is_attached_once_per_train(tmp_path):
         processing_class=word_tokenizer(),
         callbacks=[mine],
     )
+    during = []
+
+    class Attached(TrainerCallback):
+        def on_train_end(self, args, state, control, **kwargs):
+            during.append([c for c in trainer.callback_handler.callbacks if isinstance(c, GenerationProbeCallback)])
+
+    trainer.add_callback(Attached())
     for _ in range(2):
         trainer.train()
-        probes = [c for c in trainer.callback_handler.callbacks if isinstance(c, GenerationProbeCallback)]
+        probes = during[-1]
         assert len(probes) == 2 and mine in probes
+        after = [c for c in trainer.callback_handler.callbacks if isinstance(c, GenerationProbeCallback)]
+        assert after == [mine]  # train() detaches what it attached: the list is the user's again
         attached = next(p for p in probes if p is not mine)
         assert attached.prompts == [("t3 t6 t9", "t12"), ("t50", None)] and attached.every_n_steps == 2
         assert [r.step for r in attached.history] == [2, 2, 4, 4]

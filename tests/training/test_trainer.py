@@ -4,7 +4,7 @@ from datasets import Dataset
 from transformers import Trainer, TrainingArguments, default_data_collator
 
 from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
-from tests.conftest import quick_args, small_config
+from tests.conftest import quick_args, small_config, training_logs
 
 
 def dataset(n=64, seq=32):
@@ -61,8 +61,10 @@ def test_extras_count_real_tokens_and_log_throughput(tmp_path):
     real_tokens_per_epoch = sum(sum(m) for m in data["attention_mask"])
     # 8 steps x 8 rows = one pass over the 64 rows
     assert trainer.state.num_input_tokens_seen == real_tokens_per_epoch < 64 * 32
-    logs = [h for h in trainer.state.log_history if "loss" in h]
-    assert all(h["tokens_per_second"] > 0 and h["tokens_per_second_per_rank"] == h["tokens_per_second"] for h in logs)
+    logs = training_logs(tmp_path)
+    assert len(logs) == 8 and all(
+        h["tokens_per_second"] > 0 and h["tokens_per_second_per_rank"] == h["tokens_per_second"] for h in logs
+    )
 
 
 def test_pretraining_arguments_detect_cpu_and_keep_trainer_fields(tmp_path):
@@ -94,23 +96,24 @@ def test_throughput_after_resume_counts_only_this_session(tmp_path):
         trainer.train(resume_from_checkpoint=resume)
         return trainer
 
-    straight = train(8)
-    resumed = train(8, resume=str(tmp_path / "checkpoint-4"))
-    first_after_resume = next(h for h in resumed.state.log_history if h.get("step") == 5 and "loss" in h)
-    typical = [h["tokens_per_second"] for h in straight.state.log_history if "tokens_per_second" in h][1:]
+    train(8)
+    typical = [h["tokens_per_second"] for h in training_logs(tmp_path)][1:]
+    (tmp_path / "telemetry.jsonl").unlink()
+    train(8, resume=str(tmp_path / "checkpoint-4"))
+    first_after_resume = next(h for h in training_logs(tmp_path) if h["step"] == 5)
     # One step's tokens over one step's time, not the 4 restored steps' tokens as well.
     assert first_after_resume["tokens_per_second"] < 3 * max(typical)
     assert first_after_resume["step_time_s"] > 0 and first_after_resume["eta_seconds"] >= 0
 
 
 def test_mfu_is_logged_against_the_measured_ceiling_and_left_out_without_a_spec(tmp_path):
-    trainer, _ = run(PretrainTrainer, PretrainingArguments, tmp_path)
-    logs = [h for h in trainer.state.log_history if "loss" in h]
+    run(PretrainTrainer, PretrainingArguments, tmp_path)
+    logs = training_logs(tmp_path)
     assert 0 < logs[0]["mfu_measured"] < 1.5 and logs[0]["peak_tflops_measured"] > 0
     assert "peak_tflops_measured" not in logs[1]  # once
     assert all("mfu_spec" not in h for h in logs)  # no spec for a CPU: unavailable, never 0.00
-    with_peak, _ = run(PretrainTrainer, PretrainingArguments, tmp_path / "peak", peak_tflops=0.05)
-    log = next(h for h in with_peak.state.log_history if "loss" in h)
+    run(PretrainTrainer, PretrainingArguments, tmp_path / "peak", peak_tflops=0.05)
+    log = training_logs(tmp_path / "peak")[0]
     assert log["mfu_spec"] == pytest.approx(log["model_tflops_per_second_per_rank"] / 0.05)
 
 

@@ -1,0 +1,186 @@
+"""Check a checkpoint before a resume reads it: every file the resume needs is there and readable.
+
+`Trainer` resumes from whatever `checkpoint-N` it is given or finds newest. A checkpoint without
+`optimizer.pt` resumes silently with a fresh AdamW (and `scheduler.pt` missing puts the learning
+rate back at warmup); a truncated `model.safetensors` fails deep inside safetensors without naming
+the file; `resume_from_checkpoint=True` picks such a checkpoint anyway. `PretrainTrainer` checks
+first:
+- an explicit path with a problem raises `CheckpointError`, naming each file, what is wrong and the
+  fix: a resume never loads half a state;
+- `True` ("the newest") skips incomplete or corrupt checkpoints, newest first, says which it
+  skipped and why, and which one it uses.
+
+What is checked, cheaply (headers and zip directories, never the tensors themselves):
+- `trainer_state.json` (and `hf_pretrain_state.json`, the data position, when present): JSON;
+- the weights: `model.safetensors` (header parsed, file long enough for every tensor it lists),
+  `pytorch_model.bin` (a readable zip), a sharded index and every shard it names, or a PEFT adapter;
+  under DeepSpeed the tag folder named by `latest` and its `*.pt` files instead (weights and
+  optimizer live there);
+- `optimizer.pt` and `scheduler.pt` (readable zips: `torch.save` writes zip files whose directory
+  sits at the end, so a cut file fails to open);
+- the RNG state this run reads: `rng_state.pth` for one process, `rng_state_{rank}.pth` for each
+  rank of several (states saved for another number of processes only warn: the data position
+  still resumes exactly, only dropout's random stream starts anew).
+`save_only_model=True` runs keep no optimizer by design: only the weights are checked.
+
+Written by hand: neither transformers nor accelerate validates a checkpoint before loading it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed, with the files at fault and the fix."""
+
+
+@dataclass
+class CheckpointCheck:
+    path: str
+    problems: list[str]  # "file: what is wrong"; empty when the checkpoint can be resumed
+    warnings: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_checkpoint(
+    path: str | os.PathLike,
+    world_size: int = 1,
+    deepspeed: bool = False,
+    save_only_model: bool = False,
+) -> CheckpointCheck:
+    folder = Path(path)
+    if not folder.is_dir():
+        return CheckpointCheck(str(folder), [f"{folder}: no such checkpoint folder"], [])
+    problems: list[str] = []
+    warnings: list[str] = []
+    problems += _json_problem(folder / "trainer_state.json", required=True)
+    problems += _json_problem(folder / "hf_pretrain_state.json", required=False)
+    if deepspeed:
+        problems += _deepspeed_problems(folder)
+    else:
+        problems += _weight_problems(folder)
+    if not save_only_model:
+        if not deepspeed and not any(folder.glob("optimizer*")):
+            problems.append("optimizer.pt: missing (a resume would start a fresh optimizer)")
+        elif (folder / "optimizer.pt").exists():
+            problems += _zip_problem(folder / "optimizer.pt")
+        problems += _zip_problem(folder / "scheduler.pt", missing="missing (the learning rate would restart)")
+        rng = _rng_problems(folder, world_size)
+        (warnings if rng and _has_rng_for_other_world_size(folder, world_size) else problems).extend(rng)
+    return CheckpointCheck(str(folder), problems, warnings)
+
+
+def checkpoints_newest_first(run_dir: str | os.PathLike) -> list[Path]:
+    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+    found = [
+        (int(m.group(1)), p) for p in Path(run_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*") if (m := pattern.match(p.name))
+    ]
+    return [p for _, p in sorted(found, reverse=True) if p.is_dir()]
+
+
+def explain(check: CheckpointCheck) -> str:
+    return "; ".join(check.problems)
+
+
+def _json_problem(path: Path, required: bool) -> list[str]:
+    if not path.exists():
+        return [f"{path.name}: missing"] if required else []
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return [f"{path.name}: unreadable ({type(error).__name__}: {error})"]
+    return []
+
+
+def _zip_problem(path: Path, missing: str = "missing") -> list[str]:
+    if not path.exists():
+        return [f"{path.name}: {missing}"]
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.infolist()
+    except (OSError, zipfile.BadZipFile) as error:
+        return [f"{path.name}: unreadable, cut or corrupt ({error}; {path.stat().st_size} bytes)"]
+    return []
+
+
+def _safetensors_problem(path: Path) -> list[str]:
+    """The header must parse and the file must hold every byte the header points at."""
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > size - 8:
+                raise ValueError(f"header of {length} bytes in a file of {size}")
+            header = json.loads(f.read(length))
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    except (OSError, struct.error, ValueError, KeyError, TypeError) as error:
+        return [f"{path.name}: unreadable header ({error})"]
+    if 8 + length + end > size:
+        return [f"{path.name}: cut short ({size} bytes, its header needs {8 + length + end})"]
+    return []
+
+
+def _weight_file_problem(path: Path) -> list[str]:
+    return _safetensors_problem(path) if path.suffix == ".safetensors" else _zip_problem(path)
+
+
+def _weight_problems(folder: Path) -> list[str]:
+    for name in WEIGHT_FILES:
+        if (folder / name).exists():
+            return _weight_file_problem(folder / name)
+    for name in INDEX_FILES:
+        index = folder / name
+        if index.exists():
+            problems = _json_problem(index, required=True)
+            if problems:
+                return problems
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()))
+            missing = [s for s in shards if not (folder / s).exists()]
+            if missing:
+                return [f"{name}: shards missing: {', '.join(missing)}"]
+            return [p for s in shards for p in _weight_file_problem(folder / s)]
+    if any(folder.glob("pytorch_model_fsdp*")):  # FSDP sharded state: a folder per rank, read by accelerate
+        return []
+    return [f"model weights: none of {', '.join(WEIGHT_FILES)} or a sharded index"]
+
+
+def _deepspeed_problems(folder: Path) -> list[str]:
+    latest = folder / "latest"
+    if not latest.exists():
+        return ["latest: missing (DeepSpeed names its state folder there)"]
+    tag = folder / latest.read_text(encoding="utf-8").strip()
+    states = sorted(tag.glob("*.pt")) if tag.is_dir() else []
+    if not states:
+        return [f"{tag.name}/: missing or empty (DeepSpeed's weights and optimizer states)"]
+    return [f"{tag.name}/{p}" for state in states for p in _zip_problem(state)]
+
+
+def _rng_names(world_size: int) -> list[str]:
+    return ["rng_state.pth"] if world_size <= 1 else [f"rng_state_{rank}.pth" for rank in range(world_size)]
+
+
+def _rng_problems(folder: Path, world_size: int) -> list[str]:
+    problems = []
+    for name in _rng_names(world_size):
+        problems += _zip_problem(folder / name, missing="missing (the random streams would not resume)")
+    return problems
+
+
+def _has_rng_for_other_world_size(folder: Path, world_size: int) -> bool:
+    mine = set(_rng_names(world_size))
+    return any(p.name not in mine for p in folder.glob("rng_state*.pth"))

@@ -1,0 +1,95 @@
+"""A checkpoint is checked before a resume reads it (faults made for real: deletion, truncation, corruption)."""
+
+import logging
+import shutil
+
+import pytest
+
+from hf_pretrain.training.checkpoint_check import CheckpointError, check_checkpoint
+from tests.training.test_resume import train
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A real run stopped at step 10, with whole checkpoints 5 and 10."""
+    out = tmp_path_factory.mktemp("run")
+    train(out, stop_at=10)
+    assert check_checkpoint(out / "checkpoint-10").ok and check_checkpoint(out / "checkpoint-5").ok
+    return out
+
+
+@pytest.fixture
+def copy(run_dir, tmp_path):
+    shutil.copytree(run_dir, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def cut(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.mark.parametrize(
+    "fault, expected",
+    [
+        (lambda c: (c / "optimizer.pt").unlink(), "optimizer.pt: missing (a resume would start a fresh optimizer)"),
+        (lambda c: (c / "scheduler.pt").unlink(), "scheduler.pt: missing (the learning rate would restart)"),
+        (lambda c: (c / "rng_state.pth").unlink(), "rng_state.pth: missing"),
+        (lambda c: cut(c / "model.safetensors"), "model.safetensors: cut short"),
+        (lambda c: cut(c / "model.safetensors", 0.0001), "model.safetensors: unreadable header"),
+        (lambda c: cut(c / "optimizer.pt"), "optimizer.pt: unreadable, cut or corrupt"),
+        (lambda c: (c / "hf_pretrain_state.json").write_text('{"data": '), "hf_pretrain_state.json: unreadable"),
+        (lambda c: (c / "trainer_state.json").unlink(), "trainer_state.json: missing"),
+    ],
+    ids=[
+        "no-optimizer",
+        "no-scheduler",
+        "no-rng",
+        "cut-weights",
+        "cut-header",
+        "cut-optimizer",
+        "bad-position",
+        "no-state",
+    ],
+)
+def test_each_fault_is_named(copy, fault, expected):
+    fault(copy / "checkpoint-10")
+    check = check_checkpoint(copy / "checkpoint-10")
+    assert not check.ok and any(p.startswith(expected) for p in check.problems), check.problems
+
+
+def test_rng_of_another_world_size_only_warns(copy):
+    checkpoint = copy / "checkpoint-10"
+    (checkpoint / "rng_state.pth").rename(checkpoint / "rng_state_0.pth")
+    (checkpoint / "rng_state_1.pth").write_bytes((checkpoint / "rng_state_0.pth").read_bytes())
+    check = check_checkpoint(checkpoint, world_size=1)
+    assert check.ok and check.warnings == ["rng_state.pth: missing (the random streams would not resume)"]
+    assert check_checkpoint(checkpoint, world_size=2).ok
+
+
+def test_explicit_path_with_a_missing_optimizer_is_refused_naming_the_file_and_the_fix(copy):
+    (copy / "checkpoint-10" / "optimizer.pt").unlink()
+    with pytest.raises(CheckpointError, match="optimizer.pt: missing") as error:
+        train(copy, resume=str(copy / "checkpoint-10"))
+    assert str(copy / "checkpoint-5") in str(error.value)  # the fix names the newest whole checkpoint
+
+
+def test_explicit_path_with_cut_weights_is_refused(copy):
+    cut(copy / "checkpoint-10" / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"model.safetensors: cut short \(\d+ bytes, its header needs \d+\)"):
+        train(copy, resume=str(copy / "checkpoint-10"))
+
+
+def test_latest_skips_a_corrupt_checkpoint_says_so_and_resumes_the_whole_one(copy, caplog):
+    cut(copy / "checkpoint-10" / "model.safetensors")
+    with caplog.at_level(logging.WARNING, logger="hf_pretrain"):
+        _, record = train(copy, resume=True)
+    assert f"Resuming from {copy / 'checkpoint-5'}, the newest whole checkpoint; skipped: checkpoint-10" in caplog.text
+    assert min(record.losses) == 6  # the first step trained is the one after checkpoint-5
+
+
+def test_latest_with_no_whole_checkpoint_is_an_error(copy):
+    for step in (5, 10):
+        (copy / f"checkpoint-{step}" / "scheduler.pt").unlink()
+    with pytest.raises(CheckpointError, match="holds no whole checkpoint-N"):
+        train(copy, resume=True)
