@@ -12,6 +12,14 @@ billion-sample corpus, a permutation turned into Python ints and walked one batc
 `PretrainTrainer` stores the position with each checkpoint (`hf_pretrain_state.json`) and
 positions this sampler on resume instead.
 
+Several processes, an epoch that is not a multiple of the global micro-batch: accelerate
+(`even_batches`, its default) completes the last batches with the first samples *of the pass*,
+which after a positioned start would be other samples than in the uninterrupted run. With
+`pad_to_multiple_of=per_device_batch x processes` the sampler does that completion itself, with
+the epoch's first samples (cycled when the epoch is shorter), exactly as accelerate would in an
+uninterrupted pass; accelerate then finds full batches and adds nothing, and a resumed pass yields
+the same tail. One process gets no padding (the Trainer's last batch is just shorter).
+
 Written by hand: torch's and accelerate's samplers have no position, and torchdata's
 `StatefulDataLoader` restores a sampler by replaying its iterator up to the saved position.
 Iteration yields the permutation in chunks, so a huge dataset never becomes one Python list.
@@ -28,10 +36,11 @@ CHUNK = 1 << 16
 
 
 class ResumableSampler(Sampler[int]):
-    def __init__(self, num_samples: int, seed: int = 0, shuffle: bool = True):
+    def __init__(self, num_samples: int, seed: int = 0, shuffle: bool = True, pad_to_multiple_of: int = 1):
         if num_samples <= 0:
             raise ValueError(f"num_samples={num_samples}: the training dataset is empty.")
         self.num_samples, self.seed, self.shuffle = num_samples, seed, shuffle
+        self.padded_length = -(-num_samples // pad_to_multiple_of) * pad_to_multiple_of
         self.epoch = 0
         self._start: tuple[int, int] | None = None  # (epoch, consumed) for the next pass only
 
@@ -40,8 +49,8 @@ class ResumableSampler(Sampler[int]):
 
     def start_at(self, epoch: int, consumed: int) -> None:
         """Begin the next pass over `epoch` at its sample `consumed` (samples already trained on)."""
-        if not 0 <= consumed <= self.num_samples:
-            raise ValueError(f"consumed={consumed} is outside the epoch of {self.num_samples} samples.")
+        if not 0 <= consumed <= self.padded_length:
+            raise ValueError(f"consumed={consumed} is outside the epoch of {self.padded_length} samples.")
         self._start = (epoch, consumed)
 
     def order(self, epoch: int) -> torch.Tensor:
@@ -55,8 +64,11 @@ class ResumableSampler(Sampler[int]):
         start = self._start[1] if self._start is not None and self._start[0] == self.epoch else 0
         self._start = None
         order = self.order(self.epoch)
-        for chunk in range(start, self.num_samples, CHUNK):
+        if self.padded_length > self.num_samples:  # accelerate's even_batches completion, done here
+            repeats = -(-self.padded_length // self.num_samples)
+            order = order.repeat(repeats)[: self.padded_length]
+        for chunk in range(start, self.padded_length, CHUNK):
             yield from order[chunk : chunk + CHUNK].tolist()
 
     def __len__(self) -> int:
-        return self.num_samples  # the whole epoch: the Trainer's step bookkeeping counts from its start
+        return self.padded_length  # the whole epoch: the Trainer's step bookkeeping counts from its start

@@ -447,8 +447,22 @@ class PretrainTrainer(Trainer):
         self._sampler = None
         if self.extras and type(sampler) is RandomSampler and not sampler.replacement:  # the default random order
             seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-            self._sampler = sampler = ResumableSampler(len(sampler.data_source), seed)
+            self._sampler = sampler = ResumableSampler(
+                len(sampler.data_source), seed, pad_to_multiple_of=self._even_batches_multiple()
+            )
         return sampler
+
+    def _even_batches_multiple(self) -> int:
+        """Samples per global micro-batch when accelerate would complete an uneven epoch end (`even_batches`), else 1."""
+        config = self.args.accelerator_config
+        if (
+            self.args.world_size <= 1
+            or self.args.dataloader_drop_last
+            or config.split_batches
+            or not config.even_batches
+        ):
+            return 1
+        return self.args.per_device_train_batch_size * self.args.world_size
 
     def _init_training_state(self, max_steps, num_update_steps_per_epoch, *args, **kwargs):
         self._update_steps_per_epoch = num_update_steps_per_epoch

@@ -170,3 +170,26 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path):
     reference = json.loads((straight / "losses-0.json").read_text())
     assert all(resumed[k] == reference[k] for k in resumed)
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-12"]  # save_total_limit=1 after rename
+
+
+@pytest.mark.parametrize("rows, batch, processes", [(44, 4, 2), (44, 6, 2), (5, 4, 2), (48, 4, 2), (50, 4, 3)])
+def test_padded_sampler_completes_an_uneven_epoch_as_accelerate_does_and_keeps_it_when_positioned(
+    rows, batch, processes
+):
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler
+
+    def shards(sampler, rank):
+        return list(BatchSamplerShard(BatchSampler(sampler, batch, False), processes, rank, even_batches=True))
+
+    for rank in range(processes):
+        plain, padded = (
+            ResumableSampler(rows, seed=1),
+            ResumableSampler(rows, seed=1, pad_to_multiple_of=batch * processes),
+        )
+        plain.set_epoch(2), padded.set_epoch(2)
+        uninterrupted = shards(plain, rank)
+        assert shards(padded, rank) == uninterrupted  # accelerate finds full batches and adds nothing
+        for done in range(1, len(uninterrupted)):  # resumed after `done` micro-batches of every rank
+            padded.start_at(2, done * batch * processes)
+            assert shards(padded, rank) == uninterrupted[done:]
