@@ -19,6 +19,7 @@ is the usual POSIX recipe (same file system, so it cannot be half done).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -92,3 +93,34 @@ def read_run_state(checkpoint: str) -> dict:
         return {}
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def disk_full_error(error: BaseException, run_dir: str, name: str) -> OSError | None:
+    """A clear error for a save that failed for want of space, or None when the disk is not the cause.
+
+    torch's writer says `inline_container.cc ... unexpected pos` and nothing of space: the file system's
+    free bytes are measured here, against the size of the newest checkpoint already written."""
+    chain, cause = [], error
+    while cause is not None and len(chain) < 8:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    text = " ".join(str(e) for e in chain)
+    free = shutil.disk_usage(run_dir).free
+    whole = sorted(Path(run_dir).glob(f"{PREFIX_CHECKPOINT_DIR}-*"), key=lambda p: p.stat().st_mtime)
+    needed = _folder_bytes(whole[-1]) if whole else None
+    no_space = any(getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) for e in chain)
+    no_space = no_space or "No space left" in text or "unexpected pos" in text
+    if not (no_space or (needed is not None and free < needed)):
+        return None
+    size = f", the newest checkpoint ({whole[-1].name}) takes {needed / 2**20:.1f} MiB" if needed else ""
+    intact = f" The checkpoints already there are intact (newest: {whole[-1].name})." if whole else ""
+    return OSError(
+        errno.ENOSPC,
+        f"Saving {name} to {run_dir} failed ({type(error).__name__}: {str(error).splitlines()[0][:200]}): "
+        f"{free / 2**20:.1f} MiB free on that file system{size}. Fix: free space, lower save_total_limit, or set "
+        f"output_dir on a larger disk.{intact}",
+    )

@@ -42,9 +42,12 @@ It is the one place where hf_pretrain attaches its callbacks, schedules and pref
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
+import datetime
 import os
+import shutil
 import time
 import types
 from pathlib import Path
@@ -73,6 +76,7 @@ from .checkpoint_check import CheckpointError, check_checkpoint, checkpoints_new
 from .checkpoints import (
     checkpoint_name,
     clear_staging,
+    disk_full_error,
     promote,
     read_run_state,
     staging_root,
@@ -80,6 +84,7 @@ from .checkpoints import (
 )
 from .loss_guard import LossGuardCallback, injections
 from .schedules import build_schedule
+from .stream_position import EpochAligned, StreamPositions
 
 # Test-only: "STEP:SECONDS" sleeps between a checkpoint's weights and its optimizer state when saving at STEP.
 SLOW_SAVE_KNOB = "HF_PRETRAIN_TEST_SLOW_SAVE"
@@ -105,6 +110,23 @@ def is_causal_lm(model) -> bool:
     return name.endswith("ForCausalLM") or name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
 
 
+def leave_process_group() -> None:
+    """Registered with `atexit` by `PretrainTrainer`: leave the process group before the interpreter exits.
+
+    A gloo or NCCL group still alive at interpreter teardown is destroyed in an arbitrary order with
+    its worker threads, which aborts the process ("terminate called without an active exception",
+    SIGABRT) now and then; user scripts rarely call `destroy_process_group()`. Under gloo the ranks
+    first meet at a barrier (bounded: a peer that died makes it fail at once), so no rank closes its
+    connections while another still uses them."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    with contextlib.suppress(Exception):
+        if torch.distributed.get_backend() == "gloo":
+            torch.distributed.monitored_barrier(timeout=datetime.timedelta(seconds=60))
+    with contextlib.suppress(Exception):
+        torch.distributed.destroy_process_group()
+
+
 @contextlib.contextmanager
 def _rotation_deferred():
     """`Trainer._save_checkpoint` rotates old checkpoints at its end (module function `rotate_checkpoints`,
@@ -126,6 +148,9 @@ class PretrainTrainer(Trainer):
         self.precision_report = None
         self.loss_guard = None
         self._micro_batch_timers: list = []
+        self._stream: StreamPositions | None = None  # the training stream's positions, per batch
+        self._stream_resumed = self._stream_warned = False
+        self._micro_batches_trained = 0  # micro-batches trained, counted on from the resumed position of a stream
         self._attached: list[PretrainCallback] = []  # what train() attached; detached when it returns
         self._local_tokens: torch.Tensor | None = None  # real tokens of this rank, when args do not count them
         self._sampler: ResumableSampler | None = None
@@ -136,6 +161,8 @@ class PretrainTrainer(Trainer):
         self._injections_done: set[int] = set()
         if not self.extras:
             return
+        atexit.unregister(leave_process_group)  # once, however many trainers
+        atexit.register(leave_process_group)
         if self.compute_metrics is not None and self.preprocess_logits_for_metrics is None and is_causal_lm(self.model):
             logger.warning(
                 "compute_metrics without preprocess_logits_for_metrics: evaluate() keeps the logits of the whole "
@@ -243,6 +270,7 @@ class PretrainTrainer(Trainer):
         for timer in timers:
             timer.before_micro_batch()  # (the test knob's sleep counts as this rank's compute)
         loss = super().training_step(model, inputs, *args, **kwargs)
+        self._micro_batches_trained += 1
         if self._injections and self.state.global_step + 1 in self._injections:
             self._injections_done.add(self.state.global_step + 1)
         end = time.perf_counter()
@@ -356,9 +384,11 @@ class PretrainTrainer(Trainer):
         self._attach_callbacks()
         try:
             while True:
+                self._load_stream_position()
                 output = super().train(checkpoint, *args, **kwargs)
                 guard = self.loss_guard
                 if guard is None or guard.rollback_from is None:
+                    self._wait_for_everyone()  # ranks leave train() together (a probe on rank 0 may run late)
                     return output
                 checkpoint = self._rollback_checkpoint(guard.rollback_from)
                 guard.start_rollback(self.args, checkpoint)  # lowers the learning rate, or stops
@@ -471,6 +501,9 @@ class PretrainTrainer(Trainer):
     def _run_epoch(self, **kwargs):
         done = kwargs["steps_trained_in_current_epoch"]  # micro-batches of this rank already trained in the epoch
         resuming = kwargs["resume_from_checkpoint"] is not None and kwargs["epoch"] == kwargs["epochs_trained"]
+        if self._stream_resumed and resuming and done > 0:  # the stream starts at its saved position: skip nothing
+            with _sampler_positioned():
+                return super()._run_epoch(**kwargs)
         if self._sampler is None or not resuming or done == 0 or self.args.ignore_data_skip:
             return super()._run_epoch(**kwargs)
         position = self._data_position(kwargs["epoch"], done)
@@ -483,6 +516,48 @@ class PretrainTrainer(Trainer):
         self._sampler.start_at(position["epoch"], position["samples_consumed_in_epoch"])
         with _sampler_positioned():
             return super()._run_epoch(**kwargs)
+
+    # Streams: a `datasets.IterableDataset` resumes from its saved position (see stream_position.py).
+    def _stream_dataset(self):
+        """The training stream whose position can be saved, or None (with one warning when it is a stream)."""
+        data = self.train_dataset
+        if not (
+            self.extras and hasattr(data, "load_state_dict") and isinstance(data, torch.utils.data.IterableDataset)
+        ):
+            return None
+        if self.args.dataloader_num_workers or self.args.world_size > 1:
+            if not self._stream_warned:
+                self._stream_warned = True
+                logger.warning(
+                    "The streaming dataset's position is saved only with dataloader_num_workers=0 in one process: "
+                    "a resume reads it again from the start (the Trainer's batch skipping)."
+                )
+            return None
+        return data
+
+    def _load_stream_position(self) -> None:
+        saved = self._run_state.get("stream")
+        stream = self._stream_dataset()
+        self._stream_resumed = bool(saved and stream is not None and not self.args.ignore_data_skip)
+        self._micro_batches_trained = saved["micro_batches"] if self._stream_resumed else 0
+        if self._stream_resumed:
+            stream.load_state_dict(saved["state"])
+
+    def get_train_dataloader(self):
+        stream = self._stream_dataset()
+        if stream is None:
+            self._stream = None
+            return super().get_train_dataloader()
+        collator = self.data_collator
+        keep = 2 * self.args.gradient_accumulation_steps + 8  # more than the loader and the Trainer read ahead
+        self.data_collator = self._stream = StreamPositions(collator, stream, keep)
+        self._stream.batches = self._micro_batches_trained
+        if self._stream_resumed:
+            self.train_dataset = EpochAligned(stream, self._run_state["stream"]["state"].get("epoch", 0))
+        try:
+            return super().get_train_dataloader()
+        finally:
+            self.data_collator, self.train_dataset = collator, stream
 
     def _data_position(self, epoch: int, micro_batches_done: int) -> dict:
         return {
@@ -534,6 +609,16 @@ class PretrainTrainer(Trainer):
         run_dir = super()._get_output_dir(trial)
         name = checkpoint_name(self.state.global_step)
         staged, final = os.path.join(staging_root(run_dir), name), os.path.join(run_dir, name)
+        try:
+            self._save_staged_checkpoint(model, trial, run_dir, staged, final)
+        except (OSError, RuntimeError) as error:  # a full disk: say so, and free what the half save took
+            full = disk_full_error(error, run_dir, name)
+            if full is None:
+                raise
+            shutil.rmtree(staged, ignore_errors=True)
+            raise full from error
+
+    def _save_staged_checkpoint(self, model, trial, run_dir: str, staged: str, final: str) -> None:
         self._staging = staging_root(run_dir)
         try:
             with _rotation_deferred():  # rotate only after the rename
@@ -560,6 +645,9 @@ class PretrainTrainer(Trainer):
 
     def _run_state_now(self) -> dict:
         state = {}
+        position = self._stream.state_after(self._micro_batches_trained) if self._stream is not None else None
+        if position is not None:
+            state["stream"] = {"state": position, "micro_batches": self._micro_batches_trained}
         if self._sampler is not None and self._update_steps_per_epoch:
             epoch, steps = divmod(self.state.global_step, self._update_steps_per_epoch)
             state["data"] = self._data_position(epoch, steps * self.args.gradient_accumulation_steps)
