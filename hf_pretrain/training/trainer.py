@@ -48,6 +48,7 @@ import copy
 import datetime
 import os
 import shutil
+import socket
 import time
 import types
 from pathlib import Path
@@ -110,6 +111,20 @@ def is_causal_lm(model) -> bool:
     return name.endswith("ForCausalLM") or name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
 
 
+def single_process_rendezvous() -> None:
+    """DeepSpeed started without a launcher (`python train.py --deepspeed ...`, or `accelerate launch` with one
+    process) looks for MPI and fails ("No module named 'mpi4py'"): give it the rendezvous of one process, as a
+    launcher would. Nothing changes when a launcher set it."""
+    if "WORLD_SIZE" in os.environ or "OMPI_COMM_WORLD_SIZE" in os.environ:
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(name, value)
+    os.environ.setdefault("MASTER_PORT", str(port))
+
+
 def leave_process_group() -> None:
     """Registered with `atexit` by `PretrainTrainer`: leave the process group before the interpreter exits.
 
@@ -141,6 +156,9 @@ def _rotation_deferred():
 
 class PretrainTrainer(Trainer):
     def __init__(self, *args, **kwargs):
+        arguments = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if getattr(arguments, "deepspeed", None) and getattr(arguments, "pretrain_extras", True):
+            single_process_rendezvous()
         super().__init__(*args, **kwargs)
         self.extras = getattr(self.args, "pretrain_extras", True)
         self.attention_report: AttentionReport | None = None

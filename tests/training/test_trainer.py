@@ -143,3 +143,22 @@ def test_defaults_follow_a_7b_recipe_and_explicit_values_win(tmp_path):
         assert getattr(off, name) == getattr(plain, name), name
     mine = PretrainingArguments(output_dir=str(tmp_path), report_to="none", learning_rate=1e-3, weight_decay=0.0)
     assert (mine.learning_rate, mine.weight_decay, mine.adam_beta2) == (1e-3, 0.0, 0.95)
+
+
+def test_one_deepspeed_process_without_a_launcher_trains_and_resumes(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from hf_pretrain.training.checkpoint_check import check_checkpoint
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    for steps, extra in ((3, []), (4, ["resume"])):
+        command = [sys.executable, "-m", "tests.training.deepspeed_one_process", str(tmp_path), str(steps), *extra]
+        result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert f"trained to step {steps}" in result.stdout
+        assert result.stdout.count("{'loss'") == (1 if extra else 3)  # the resume trained step 4 only
+    assert check_checkpoint(tmp_path / "checkpoint-3", deepspeed=True).ok  # DeepSpeed's own state, checked as such
