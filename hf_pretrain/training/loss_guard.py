@@ -20,9 +20,6 @@ Logs, from the first event on (a healthy run logs nothing of its own):
 `loss_guard_skipped` (updates skipped so far), `loss_guard_spikes` (spikes so far),
 `loss_guard_rollbacks` and `loss_guard_lr_scale` (after a roll-back) and, for the log that follows
 an event, `loss_guard_event` (text).
-
-Test-only knob: `HF_PRETRAIN_TEST_LOSS_INJECT="3:nan,7:spike"` makes `PretrainTrainer.compute_loss`
-return NaN (or 50x the loss) on those optimizer steps, so the guard is tested in a real run.
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ import json
 import math
 import os
 import statistics
+import types
 from pathlib import Path
 
 import torch
@@ -42,17 +40,10 @@ from ..callback import PretrainCallback
 logger = logging.get_logger(__name__)
 
 ACTIONS = ("log", "skip", "stop", "rollback")
-INJECT_KNOB = "HF_PRETRAIN_TEST_LOSS_INJECT"
 
 
 class LossSpikeError(RuntimeError):
     """Raised by the loss guard with spike_action="stop"."""
-
-
-def injections() -> dict[int, str]:
-    """The test knob's injections by optimizer step (1-based): {} when it is not set."""
-    pairs = (item.partition(":") for item in filter(None, os.environ.get(INJECT_KNOB, "").split(",")))
-    return {int(at): kind for at, _, kind in pairs}
 
 
 class LossGuardCallback(PretrainCallback):
@@ -192,3 +183,30 @@ class LossGuardCallback(PretrainCallback):
             {"loss_guard_rollbacks": self.rollbacks, "loss_guard_lr_scale": self.lr_scale} if self.rollbacks else {}
         )
         return {"loss_guard_skipped": self.skipped, "loss_guard_spikes": self.spikes, **rollbacks, **pending}
+
+
+def guard_optimizer(optimizer, guard: LossGuardCallback):
+    """Make `optimizer.step()` skip the update the guard rejected and apply its learning-rate scale (after a
+    roll-back; the schedule itself is untouched). Once per optimizer."""
+    if getattr(optimizer, "_loss_guarded", False):
+        return optimizer
+    step = optimizer.step
+
+    def guarded_step(optimizer, *args, **kwargs):
+        if guard.skip_next_update:  # a NaN/inf or spiking step: no update at all
+            guard.skip_next_update = False
+            return None
+        if guard.lr_scale == 1.0:
+            return step(*args, **kwargs)
+        scheduled = [group["lr"] for group in optimizer.param_groups]
+        for group in optimizer.param_groups:
+            group["lr"] *= guard.lr_scale
+        try:
+            return step(*args, **kwargs)
+        finally:
+            for group, lr in zip(optimizer.param_groups, scheduled, strict=True):
+                group["lr"] = lr
+
+    optimizer.step = types.MethodType(guarded_step, optimizer)  # a method, as LR schedulers expect
+    optimizer._loss_guarded = True
+    return optimizer

@@ -1,10 +1,11 @@
 """Run by test_resume.py in its own process (so it can be killed mid-save): a short run with checkpoints.
 
-Usage: python -m tests.training.resume_run OUTPUT_DIR MAX_STEPS EXTRAS(0|1) [RESUME(0|1)]
+Usage: [SLOW_SAVE=STEP:SECONDS] python -m tests.training.resume_run OUTPUT_DIR MAX_STEPS EXTRAS(0|1) [RESUME(0|1)]
 Writes OUTPUT_DIR/losses-<n>.json: {step: loss} of this process.
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from transformers import TrainerCallback
 
 from hf_pretrain import PretrainForCausalLM, PretrainTrainer
 from tests.conftest import quick_args, small_config
+from tests.training.faults import SlowSaveTrainer
 from tests.training.test_trainer import dataset
 
 
@@ -41,7 +43,12 @@ def main(output_dir: str, max_steps: int, extras: bool, resume: bool = False) ->
         seed=3,
     )
     losses = StepLosses()
-    trainer = PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args, train_dataset=dataset())
+    step, _, seconds = os.environ.get("SLOW_SAVE", "").partition(":")  # set by the test that kills a save
+    model, data = PretrainForCausalLM(small_config()), dataset()
+    if step:
+        trainer = SlowSaveTrainer(model=model, args=args, train_dataset=data, slow_save=(int(step), float(seconds)))
+    else:
+        trainer = PretrainTrainer(model=model, args=args, train_dataset=data)
     trainer.add_callback(losses)
     trainer.train(resume_from_checkpoint=True if resume else None)
     runs = len(list(Path(output_dir).glob("losses-*.json")))

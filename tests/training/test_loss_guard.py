@@ -3,14 +3,14 @@ import json
 import pytest
 import torch
 
-from hf_pretrain import PretrainForCausalLM, PretrainTrainer
+from hf_pretrain import PretrainForCausalLM
 from hf_pretrain.training.loss_guard import LossSpikeError
 from tests.conftest import quick_args, small_config, training_logs
+from tests.training.faults import LossInjectingTrainer
 from tests.training.test_trainer import dataset
 
 
 def run(tmp_path, monkeypatch, inject, **extra):
-    monkeypatch.setenv("HF_PRETRAIN_TEST_LOSS_INJECT", inject)
     torch.manual_seed(0)
     args = quick_args(
         tmp_path,
@@ -21,7 +21,9 @@ def run(tmp_path, monkeypatch, inject, **extra):
         loss_spike_window=5,
         **extra,
     )
-    trainer = PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args, train_dataset=dataset())
+    trainer = LossInjectingTrainer(
+        model=PretrainForCausalLM(small_config()), args=args, train_dataset=dataset(), inject=inject
+    )
     return trainer
 
 

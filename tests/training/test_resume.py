@@ -137,7 +137,7 @@ def run_in_process(output_dir, max_steps, extras, resume=False, env=None):
 
 def kill_during_save(output_dir, extras) -> Path:
     """Train to step 12 saving every 5 steps; SIGKILL the process while checkpoint 10 is half written."""
-    process = run_in_process(output_dir, 12, extras, env={"HF_PRETRAIN_TEST_SLOW_SAVE": "10:60"})
+    process = run_in_process(output_dir, 12, extras, env={"SLOW_SAVE": "10:60"})
     staged = output_dir / (".saving/checkpoint-10" if extras else "checkpoint-10")
     deadline = time.time() + 240
     while not (staged / "model.safetensors").exists():

@@ -1,0 +1,46 @@
+"""Faults injected by tests into real runs (never by the library): a NaN or spiking loss, a save held open."""
+
+import time
+
+from hf_pretrain import PretrainTrainer
+
+
+class LossInjectingTrainer(PretrainTrainer):
+    """`inject="3:nan,7:spike"`: the loss of those optimizer steps (1-based) becomes NaN or 50x, once per step, so
+    the replay of a step after a roll-back is clean."""
+
+    def __init__(self, *args, inject: str = "", **kwargs):
+        super().__init__(*args, **kwargs)
+        pairs = (item.partition(":") for item in filter(None, inject.split(",")))
+        self.injections = {int(step): kind for step, _, kind in pairs}
+        self.injected: set[int] = set()
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        result = super().compute_loss(model, inputs, *args, **kwargs)
+        step = self.state.global_step + 1
+        kind = self.injections.get(step) if model.training else None
+        if kind is None or step in self.injected:
+            return result
+        loss = result[0] if isinstance(result, tuple) else result
+        loss = loss * float("nan") if kind == "nan" else loss * 50.0
+        return (loss, *result[1:]) if isinstance(result, tuple) else loss
+
+    def training_step(self, *args, **kwargs):
+        loss = super().training_step(*args, **kwargs)
+        if self.state.global_step + 1 in self.injections:
+            self.injected.add(self.state.global_step + 1)
+        return loss
+
+
+class SlowSaveTrainer(PretrainTrainer):
+    """Holds the save of step `at` open for `seconds` between the weights and the optimizer state: a window in
+    which a test kills the process with a checkpoint half written."""
+
+    def __init__(self, *args, slow_save: tuple[int, float] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.slow_save = slow_save
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        if self.slow_save and self.slow_save[0] == self.state.global_step:
+            time.sleep(self.slow_save[1])
+        return super()._save_optimizer_and_scheduler(output_dir)
