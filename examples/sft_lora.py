@@ -332,7 +332,12 @@ def show_examples(examples: list[dict], before: list[str], after: list[str], per
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import peft
+    try:
+        import peft
+    except ImportError as error:
+        raise SystemExit(
+            "examples/sft_lora.py needs peft: pip install 'hf_pretrain[lora]' (or pip install peft)."
+        ) from error
     from transformers import set_seed
 
     from hf_pretrain import PretrainTrainer, export_hf

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 
 import torch
@@ -202,11 +203,23 @@ COMMANDS = {
 }
 
 
+def quiet_third_party_imports() -> None:
+    """torchao (imported by transformers when installed) and torch's pytree log warnings at import time that say
+    nothing about the command being run (missing optional CUDA kernels, a deprecation): keep them off the screen."""
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    usage = f"usage: hf-pretrain {{{','.join(COMMANDS)}}} [options]   (hf-pretrain COMMAND --help)"
+    if argv[:1] in (["--help"], ["-h"]):
+        print(usage + "\n\n" + __doc__.split("\n\n", 1)[1].split('"""')[0].strip())
+        return 0
     if not argv or argv[0] not in COMMANDS:
-        print(f"usage: hf-pretrain {{{','.join(COMMANDS)}}} [options]   (hf-pretrain COMMAND --help)")
+        print(usage, file=sys.stderr)
         return 2
+    quiet_third_party_imports()
     try:
         return COMMANDS[argv[0]](argv[1:])
     except ValueError as err:

@@ -1,0 +1,37 @@
+"""`hf-pretrain` prints help and nothing else; the package root imports nothing heavy until a name is used."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*argv):
+    return subprocess.run([sys.executable, "-m", "hf_pretrain.cli", *argv], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_help_is_help_only():
+    result = run("--help")
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.startswith("usage: hf-pretrain {doctor,") and "estimate-memory --preset" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["estimate-memory", "trial", "advise-restart"])
+def test_command_help_has_no_import_noise(command):
+    result = run(command, "--help")
+    assert result.returncode == 0 and result.stderr == "", result.stderr[:500]
+    assert result.stdout.startswith(f"usage: hf-pretrain {command}")
+
+
+def test_unknown_command_is_an_error_with_the_usage():
+    result = run("trian")
+    assert result.returncode == 2 and result.stderr.startswith("usage: hf-pretrain")
+
+
+def test_importing_the_package_does_not_import_transformers():
+    code = "import sys, hf_pretrain; print('transformers' in sys.modules); print(hf_pretrain.PretrainTrainer.__name__)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.stdout.split() == ["False", "PretrainTrainer"], result.stderr[-500:]
