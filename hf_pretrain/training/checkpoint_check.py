@@ -75,10 +75,11 @@ def check_checkpoint(
     else:
         problems += _weight_problems(folder)
     if not save_only_model:
-        if not deepspeed and not any(folder.glob("optimizer*")):
-            problems.append("optimizer.pt: missing (a resume would start a fresh optimizer)")
-        elif (folder / "optimizer.pt").exists():
-            problems += _zip_problem(folder / "optimizer.pt")
+        sharded = any(p.is_dir() for p in folder.glob("optimizer_*"))  # FSDP: a folder per rank
+        if not (deepspeed or sharded):
+            problems += _zip_problem(
+                folder / "optimizer.pt", missing="missing (a resume would start a fresh optimizer)"
+            )
         problems += _zip_problem(folder / "scheduler.pt", missing="missing (the learning rate would restart)")
         rng = _rng_problems(folder, world_size)
         (warnings if rng and _has_rng_for_other_world_size(folder, world_size) else problems).extend(rng)

@@ -33,6 +33,10 @@ def cut(path, keep=0.5):
     "fault, expected",
     [
         (lambda c: (c / "optimizer.pt").unlink(), "optimizer.pt: missing (a resume would start a fresh optimizer)"),
+        (
+            lambda c: (c / "optimizer.pt").rename(c / "optimizer.pt.bak"),
+            "optimizer.pt: missing (a resume would start a fresh optimizer)",
+        ),
         (lambda c: (c / "scheduler.pt").unlink(), "scheduler.pt: missing (the learning rate would restart)"),
         (lambda c: (c / "rng_state.pth").unlink(), "rng_state.pth: missing"),
         (lambda c: cut(c / "model.safetensors"), "model.safetensors: cut short"),
