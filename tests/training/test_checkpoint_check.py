@@ -47,6 +47,7 @@ def cut(path, keep=0.5):
     ],
     ids=[
         "no-optimizer",
+        "renamed-optimizer",
         "no-scheduler",
         "no-rng",
         "cut-weights",
