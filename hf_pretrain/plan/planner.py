@@ -57,6 +57,7 @@ STRATEGIES = {
 }
 
 
+@dataclass
 class PlanRequest:
     device: str
     gpus: int = 1  # per node
@@ -103,6 +104,7 @@ class PlanRequest:
             raise ValueError(f"--schedule={self.schedule!r} is invalid; use cosine_restarts or wsd.")
 
 
+@dataclass
 class Plan:
     hardware: Hardware
     config: PretrainConfig
@@ -216,7 +218,12 @@ def fit_memory(config, hw: Hardware, seq_len: int, usable: float, strategies: li
 def _refuse_memory(config, hw: Hardware, request: PlanRequest, usable: float, strategies: list[Strategy]):
     last = strategies[-1]
     need = _estimate(config, last, hw, request.seq_len, 1, True).total
-    shape_args = dict(vocab_size=request.vocab_size, seq_len=request.seq_len)
+    shape_args = dict(
+        vocab_size=request.vocab_size,
+        seq_len=request.seq_len,
+        window_pattern=request.window_pattern,
+        sliding_window=request.sliding_window,
+    )
     fitting = next(
         (
             c
