@@ -173,6 +173,14 @@ def test_checkpointing_only_when_nothing_fits_without_it_and_it_costs_a_forward(
     assert plan.tokens_per_second == pytest.approx(989.4e12 * 0.40 / (fpt * 4 / 3))
 
 
+def test_windows_are_planned_and_priced():
+    plan = make_plan(PlanRequest("h100", gpus=8, hours=48, seq_len=8192, window_pattern="SSSL", sliding_window=1024))
+    layers = plan.config.num_hidden_layers
+    assert plan.config.layer_types[:4] == ["sliding_attention"] * 3 + ["full_attention"]
+    plain = shape(layers, 65536, 8192)  # the same shape without windows attends to more keys
+    assert plan.flops_per_token == flops_per_token(plan.config, 8192) < flops_per_token(plain, 8192)
+
+
 def test_low_precision_uses_its_own_peak_and_scaled_mfu():
     plan = make_plan(PlanRequest("h100", hours=10, precision="fp8"))
     assert plan.hardware.peak_tflops == 1978.9
@@ -236,6 +244,18 @@ def test_a_month_on_sixteen_h100_shards_and_a_day_on_one_does_not():
     assert day.strategy.name == "single" and day.parameters < 1e9
 
 
+def test_strategy_is_the_cheapest_communication_that_holds_8k_tokens_per_micro_batch():
+    day = make_plan(PlanRequest("h100", gpus=8, hours=24))
+    assert day.strategy.name == "ddp" and day.micro_batch * 2048 >= 8192
+    week = make_plan(PlanRequest("h100", gpus=8, hours=168))
+    usable = week.usable_bytes
+    assert estimate_memory(week.config, 0, 8, "bf16", 2048, 1).total <= usable  # DDP holds one sequence...
+    assert estimate_memory(week.config, 0, 8, "bf16", 2048, 4).total > usable  # ...not 8K tokens
+    assert week.strategy.name == "zero2" and week.micro_batch >= 4 and not week.checkpointing
+    fsdp = make_plan(PlanRequest("h100", gpus=8, hours=168, sharding="fsdp2"))
+    assert fsdp.strategy.name == "fsdp2" and fsdp.strategy.zero == 3
+
+
 # ---------------------------------------------------------------- refusals
 
 
@@ -287,6 +307,8 @@ def test_bad_requests_name_the_flag():
         PlanRequest("h100", hours=1, mfu=1.5)
     with pytest.raises(ValueError, match=r"--seq-len=0"):
         PlanRequest("h100", hours=1, seq_len=0)
+    with pytest.raises(ValueError, match="needs --sliding-window"):
+        PlanRequest("h100", hours=1, window_pattern="SSSL")
 
 
 def test_warns_past_four_epochs_of_repeated_data():

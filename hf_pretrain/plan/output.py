@@ -152,7 +152,7 @@ def _si(value: float, unit: str = "") -> str:
 def table(plan: Plan) -> str:
     hw, c, mem = plan.hardware, plan.config, plan.memory
     nodes = f"{hw.nodes} nodes x {hw.gpus_per_node}" if hw.nodes > 1 else f"{hw.gpus_per_node}"
-    budget = {"hours": "h", "tokens": " tokens", "flops": " FLOPs"}[plan.budget["kind"]]
+    budget = {"hours": " h", "tokens": " tokens", "flops": " FLOPs"}[plan.budget["kind"]]
     windows = f"{c.window_pattern} (window {c.sliding_window})" if "S" in c.window_pattern else "none"
     epochs = f"{plan.epochs:.2f} epochs over {_si(plan.data_tokens)} unique" if plan.data_tokens else "data unknown"
     schedule = plan.schedule_kwargs

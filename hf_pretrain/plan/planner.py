@@ -8,7 +8,7 @@ The order of decisions, each from its one home in the package:
    for what the estimator leaves out: the CUDA context, allocator fragmentation, collective buckets). The
    candidates, cheapest communication first: DDP, DeepSpeed ZeRO-2, then ZeRO-3 (or FSDP2 with
    `--sharding fsdp2`, priced as ZeRO-3: both shard weights, gradients and optimizer states and gather one
-   layer at a time). The first that holds a micro-batch of `WANTED_MICRO_BATCH` sequences (or what the batch
+   layer at a time). The first that holds a micro-batch of `WANTED_MICRO_TOKENS` tokens (or what the batch
    needs per GPU, if fewer) wins, else the first that holds one; activation checkpointing only when nothing
    fits without it (it recomputes the forward: 4/3 of the step's FLOPs). CPU offload is not planned: its
    speed is the host's, which nothing here predicts; a model that does not fit is refused with the largest
@@ -33,9 +33,9 @@ from .hardware import RECIPES, Hardware, PlanRefused, resolve_hardware
 
 DEFAULT_MARGIN = 0.15
 MAX_MICRO_BATCH = 64
-# A micro-batch of a few sequences keeps the matmuls large and the accumulation loop short: worth a sharded
+# A micro-batch of ~8K tokens keeps the matmuls large and the accumulation loop short: worth a sharded
 # strategy's extra communication when DDP holds fewer.
-WANTED_MICRO_BATCH = 4
+WANTED_MICRO_TOKENS = 8192
 CHECKPOINTING_COST = 4 / 3  # full activation checkpointing runs the forward twice: (1 + 1 + 2) / 3
 
 
@@ -100,6 +100,8 @@ class PlanRequest:
             raise ValueError(f"--precision={self.precision!r} is not planned; use one of {list(RECIPES)}.")
         if self.sharding not in ("deepspeed", "fsdp2"):
             raise ValueError(f"--sharding={self.sharding!r} is invalid; use deepspeed or fsdp2.")
+        if "S" in self.window_pattern and self.sliding_window is None:
+            raise ValueError(f"--window-pattern {self.window_pattern} needs --sliding-window (tokens, e.g. 1024).")
         if self.schedule not in ("cosine_restarts", "wsd"):
             raise ValueError(f"--schedule={self.schedule!r} is invalid; use cosine_restarts or wsd.")
 
@@ -308,7 +310,7 @@ def make_plan(request: PlanRequest) -> Plan:
     usable = int(hw.memory_bytes * (1 - request.margin))
     strategies = candidate_strategies(hw, request.sharding)
     *_, wanted = sequences_per_gpu(config, budget_tokens(budget, fpt, False), seq, hw.world)
-    fit = fit_memory(config, hw, seq, usable, strategies, min(wanted, WANTED_MICRO_BATCH))
+    fit = fit_memory(config, hw, seq, usable, strategies, max(1, min(wanted, WANTED_MICRO_TOKENS // seq)))
     if fit is None:
         _refuse_memory(config, hw, request, usable, strategies)
     strategy, checkpointing, max_micro = fit
