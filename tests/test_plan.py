@@ -292,6 +292,8 @@ def test_refuses_chips_without_a_peak_or_an_mfu_and_recipes_they_lack():
 
 def test_refuses_a_trial_without_an_mfu_against_spec(tmp_path):
     """A trial on a CPU (or a chip missing from peaks.py) has mfu_spec n/a: no MFU to plan with."""
+    with pytest.raises(PlanRefused, match="unreadable"):
+        make_plan(PlanRequest("h100", hours=24, trial=str(tmp_path / "missing.json")))
     for recipe in ("fp32", "bf16"):
         row = {"recipe": recipe, "status": "ok", "median_step_s": 1.0, "peak_memory_gib": 1.0, "final_loss": 5.0}
         trial = tmp_path / f"{recipe}.json"

@@ -76,7 +76,12 @@ def _lookup(table: dict, device: str):
 
 
 def _trial_row(path: str, recipe: str | None) -> dict:
-    result = json.loads(Path(path).read_text())
+    try:
+        result = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise PlanRefused(
+            f"--trial {path}: unreadable ({err}); pass the trial.json `hf-pretrain trial` wrote."
+        ) from None
     recipe = recipe or result.get("recommendation")
     rows = {row["recipe"]: row for row in result.get("rows", [])}
     row = rows.get(recipe)

@@ -55,9 +55,7 @@ def accelerate_config(plan: Plan) -> dict:
     hw, strategy = plan.hardware, plan.strategy
     path = TEMPLATES / strategy.template
     if not path.exists():
-        raise FileNotFoundError(
-            f"{path} is missing: hf-pretrain plan writes launch files for a checkout of the repository."
-        )
+        raise ValueError(f"{path} is missing: hf-pretrain plan writes launch files for a checkout of the repository.")
     config = yaml.safe_load(path.read_text())
     config.update(num_machines=hw.nodes, num_processes=hw.world, machine_rank=0)
     if hw.nodes > 1:
