@@ -281,7 +281,11 @@ def choose_model(request: PlanRequest, hw: Hardware) -> tuple[PretrainConfig, di
             )
     except scaling.ShapeOutOfRange as out:
         n = count_parameters(out.config)
-        fix = "raise the budget, lower --vocab-size, or pass --params" if out.which == "smallest" else "pass --params"
+        fix = (
+            "raise the budget, lower --vocab-size, or pass --params"
+            if out.which == "smallest"
+            else "lower the budget or --params, or raise --tokens-per-param"
+        )
         raise PlanRefused(
             f"{target} asks for a model beyond the planner's {out.which} shape ({n / 1e6:,.1f}M parameters: "
             f"{out.config.num_hidden_layers} x {out.config.hidden_size}, vocabulary {request.vocab_size}); {fix}."
