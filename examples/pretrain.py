@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from transformers import HfArgumentParser, PreTrainedTokenizerBase, set_seed
 
-from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer, get_preset
+from hf_pretrain import PretrainConfig, PretrainForCausalLM, PretrainingArguments, PretrainTrainer, get_preset
 from hf_pretrain.data import (
     PackedDocumentCollator,
     bytes_per_token,
@@ -35,7 +35,7 @@ from hf_pretrain.data import (
     write_embedded_corpus,
 )
 from hf_pretrain.precision import high_precision
-from hf_pretrain.presets import PRESETS
+from hf_pretrain.presets import PRESETS, load_config
 
 PROMPTS = ("The for statement", "A class definition", "If 5x + 3 = 13, then x is")
 
@@ -63,7 +63,13 @@ EXAMPLE_DEFAULTS = dict(
 
 @dataclass
 class ModelArguments:
-    preset: str = field(default="tiny", metadata={"help": f"Size preset, one of {sorted(PRESETS)}."})
+    preset: str = field(
+        default="tiny",
+        metadata={
+            "help": f"Size preset, one of {sorted(PRESETS)}, or a saved config (directory or config.json), "
+            "e.g. the model/ folder `hf-pretrain plan` writes."
+        },
+    )
     window_pattern: str | None = field(default=None, metadata={"help": "Override the preset's pattern, e.g. SSSL."})
     sliding_window: int | None = field(default=None, metadata={"help": "Window of S layers, in tokens."})
     attention_backend: str = field(
@@ -207,14 +213,23 @@ def pack_heldout(heldout, pack: dict):
         return None, None
 
 
+def base_config(name: str, **overrides) -> PretrainConfig:
+    """The preset `name`, or the config saved at path `name`, with fields overridden by keyword."""
+    if name in PRESETS:
+        return get_preset(name, **overrides)
+    saved = load_config(name).to_dict()
+    saved.pop("layer_types", None)  # derived from window_pattern, which an override may change
+    return PretrainConfig(**{**saved, **overrides})
+
+
 def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, seq_len: int) -> PretrainForCausalLM:
     overrides = {
         k: v
         for k, v in (("window_pattern", model_args.window_pattern), ("sliding_window", model_args.sliding_window))
         if v is not None
     }
-    preset = get_preset(model_args.preset)
-    config = get_preset(
+    preset = base_config(model_args.preset)
+    config = base_config(
         model_args.preset,
         vocab_size=64 * math.ceil(len(tokenizer) / 64),
         bos_token_id=tokenizer.bos_token_id,
@@ -243,7 +258,7 @@ def sample(model, tokenizer, prompts=PROMPTS, max_new_tokens: int = 24) -> dict[
 def main(argv: list[str] | None = None) -> dict:
     model_args, data_args, args = parse_args(argv)
     dtype, args = resolve_dtype(model_args, args)
-    preset_vocab = get_preset(model_args.preset).vocab_size
+    preset_vocab = base_config(model_args.preset).vocab_size
     tokenizer, train, heldout = prepare_data(data_args, args, preset_vocab)
     set_seed(args.seed)  # the initial weights, not only the data order, follow --seed
     model = build_model(model_args, tokenizer, data_args.seq_len)

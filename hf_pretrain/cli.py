@@ -7,6 +7,7 @@ hf-pretrain report runs/tiny
 hf-pretrain trial --config gpt2-124m --recipes bf16,fp8,te-fp8,te-nvfp4 --steps 30 --warmup-steps 5
 hf-pretrain data clean|filter|dedup|train-tokenizer|pack|prepare ...   (see hf_pretrain/data/cli.py)
 hf-pretrain estimate-memory --preset llama2-7b --zero 3 --gpus 8 --seq 8192 --micro-batch 1 --device H100
+hf-pretrain plan --device h100 --gpus 8 --hours 24 --data-tokens 20B   (see hf_pretrain/plan/)
 """
 
 from __future__ import annotations
@@ -186,6 +187,12 @@ def estimate_memory_cli(argv: list[str]) -> int:
     return cli(argv)
 
 
+def plan_cli(argv: list[str]) -> int:
+    from .plan.cli import cli
+
+    return cli(argv)
+
+
 def data_cli(argv: list[str]) -> int:
     from .data.cli import main as data_main
 
@@ -200,6 +207,7 @@ COMMANDS = {
     "plot-schedule": plot_schedule_cli,
     "data": data_cli,
     "estimate-memory": estimate_memory_cli,
+    "plan": plan_cli,
 }
 
 

@@ -1,0 +1,229 @@
+"""What a plan gives back: the screen table, `plan.json`, and the files that launch it.
+
+`write_plan(plan, out_dir)` writes into `out_dir`:
+- `plan.json`: every number of the plan, with its source (`plan_dict`);
+- `model/config.json`: the model as a `PretrainConfig` (`save_pretrained`), which `examples/pretrain.py
+  --preset out_dir/model` trains;
+- `accelerate_config.yaml`: the shipped config of the chosen strategy (examples/accelerate_configs/) with
+  the plan's processes and machines (and, over several nodes, `two_nodes.yaml`'s rendezvous keys), pointing
+  at the shipped DeepSpeed preset (ds_configs/) for ZeRO-2/3: the settings keep one home, the repository's;
+- `launch.sh`: the exact `accelerate launch examples/pretrain.py ...` command (run it on every node with
+  MACHINE_RANK set when there are several).
+The launch files are for a checkout of the repository (run from its root), where the example and the
+presets live.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import yaml
+
+from ..distributed.memory import GiB
+from .planner import Plan
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATES = ROOT / "examples" / "accelerate_configs"
+SOURCES = {
+    "tokens_per_parameter": "Hoffmann et al. 2022, arXiv 2203.15556 (Chinchilla): ~20 tokens per parameter",
+    "batch_and_lr": "DeepSeek-AI 2024, arXiv 2401.02954, section 3.1: B_opt = 0.2920 C^0.3271 tokens, "
+    "eta_opt = 0.3118 C^-0.1250, C = non-embedding FLOPs per token x tokens",
+    "repeated_data": "Muennighoff et al. 2023, arXiv 2305.16264: repeated data holds its value up to ~4 epochs",
+    "memory": "hf_pretrain.distributed.memory.estimate_memory (docs/memory.md)",
+    "flops": "hf_pretrain.telemetry.flops.flops_per_token (6 x matmul weights + attention)",
+    "peak": "hf_pretrain.telemetry.peaks.SPEC_TFLOPS",
+}
+SHAPE_FIELDS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "window_pattern",
+    "sliding_window",
+    "tie_word_embeddings",
+)
+
+
+def accelerate_config(plan: Plan) -> dict:
+    """The shipped accelerate config of the plan's strategy, set to its processes, machines and presets."""
+    hw, strategy = plan.hardware, plan.strategy
+    path = TEMPLATES / strategy.template
+    if not path.exists():
+        raise ValueError(f"{path} is missing: hf-pretrain plan writes launch files for a checkout of the repository.")
+    config = yaml.safe_load(path.read_text())
+    config.update(num_machines=hw.nodes, num_processes=hw.world, machine_rank=0)
+    if hw.nodes > 1:
+        nodes = yaml.safe_load((TEMPLATES / "two_nodes.yaml").read_text())
+        config.update({key: nodes[key] for key in ("main_process_ip", "main_process_port", "same_network")})
+    if strategy.deepspeed_config:
+        config["deepspeed_config"]["deepspeed_config_file"] = strategy.deepspeed_config
+        config["deepspeed_config"]["zero3_init_flag"] = strategy.zero == 3
+    if strategy.name == "fsdp2":
+        config["fsdp_config"]["fsdp_activation_checkpointing"] = plan.checkpointing
+    return config
+
+
+def save_steps(plan: Plan) -> int:
+    """A checkpoint about every hour of predicted wall-clock (at least every step, at most once per run)."""
+    return max(1, min(plan.steps, round(3600 / plan.step_seconds)))
+
+
+def launch_command(plan: Plan, out_dir: str, dataset: str, run_dir: str) -> list[str]:
+    """argv of the launch (without --machine_rank, which launch.sh adds per node)."""
+    args = ["accelerate", "launch", "--config_file", f"{out_dir}/accelerate_config.yaml", "examples/pretrain.py"]
+    args += ["--preset", f"{out_dir}/model", "--dataset_path", dataset, "--output_dir", run_dir]
+    args += ["--seq_len", str(plan.seq_len), "--vocab_size", str(plan.config.vocab_size)]
+    args += ["--per_device_train_batch_size", str(plan.micro_batch), "--per_device_eval_batch_size"]
+    args += [str(plan.micro_batch), "--gradient_accumulation_steps", str(plan.grad_accum)]
+    args += ["--max_steps", str(plan.steps), "--precision", plan.hardware.precision]
+    args += ["--learning_rate", f"{plan.peak_lr:.3g}", "--lr_scheduler_type", plan.schedule]
+    args += ["--lr_scheduler_kwargs", json.dumps(plan.schedule_kwargs, separators=(",", ":"))]
+    args += ["--save_strategy", "steps", "--save_steps", str(save_steps(plan)), "--logging_steps", "10"]
+    if plan.checkpointing and plan.strategy.name != "fsdp2":  # FSDP2 checkpoints through its accelerate config
+        args.append("--gradient_checkpointing")
+    return args
+
+
+def plan_dict(plan: Plan, command: list[str] | None = None) -> dict:
+    hw, mem = plan.hardware, plan.memory
+    return {
+        "hardware": {**vars(hw), "world": hw.world},
+        "budget": plan.budget,
+        "model": {
+            "parameters": plan.parameters,
+            "flops_per_token": plan.flops_per_token,
+            "config": {name: getattr(plan.config, name) for name in SHAPE_FIELDS},
+        },
+        "tokens": {
+            "train": plan.tokens,
+            "per_parameter": plan.tokens / plan.parameters,
+            "target_per_parameter": plan.tokens_per_param_target,
+            "unique_data": plan.data_tokens,
+            "epochs": plan.epochs,
+        },
+        "batch": {
+            "global_tokens": plan.global_batch_tokens,
+            "gpus": hw.world,
+            "micro_batch": plan.micro_batch,
+            "gradient_accumulation": plan.grad_accum,
+            "seq_len": plan.seq_len,
+            "steps": plan.steps,
+            "deepseek_b_opt_tokens": plan.batch_opt_tokens,
+            "deepseek_compute": plan.deepseek_compute,
+        },
+        "parallelism": {
+            "strategy": plan.strategy.name,
+            "zero": plan.strategy.zero,
+            "deepspeed_config": plan.strategy.deepspeed_config,
+            "accelerate_template": f"examples/accelerate_configs/{plan.strategy.template}",
+            "activation_checkpointing": plan.checkpointing,
+            "precision": hw.precision,
+        },
+        "memory": {**mem.to_dict(), "usable_bytes": plan.usable_bytes},
+        "schedule": {"type": plan.schedule, "peak_lr": plan.peak_lr, "lr_scheduler_kwargs": plan.schedule_kwargs},
+        "prediction": {
+            "tokens_per_second": plan.tokens_per_second,
+            "step_seconds": plan.step_seconds,
+            "hours": plan.hours,
+            "gpu_hours": plan.gpu_hours,
+            "model_flops": plan.model_flops,
+        },
+        "warnings": plan.warnings,
+        "sources": SOURCES,
+        "command": shlex.join(command) if command else None,
+    }
+
+
+def _si(value: float, unit: str = "") -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{prefix}{unit}"
+    return f"{value:.3g}{unit}"
+
+
+def table(plan: Plan) -> str:
+    hw, c, mem = plan.hardware, plan.config, plan.memory
+    nodes = f"{hw.nodes} nodes x {hw.gpus_per_node}" if hw.nodes > 1 else f"{hw.gpus_per_node}"
+    budget = {"hours": " h", "tokens": " tokens", "flops": " FLOPs"}[plan.budget["kind"]]
+    windows = f"{c.window_pattern} (window {c.sliding_window})" if "S" in c.window_pattern else "none"
+    epochs = f"{plan.epochs:.2f} epochs over {_si(plan.data_tokens)} unique" if plan.data_tokens else "data unknown"
+    schedule = plan.schedule_kwargs
+    shape = "cosine to 10 %" if plan.schedule == "cosine_restarts" else "WSD, 1-sqrt decay over the last 20 %"
+    rows = [
+        ("hardware", f"{nodes} x {hw.device} = {hw.world} GPU{'s' if hw.world > 1 else ''}, {hw.precision}"),
+        ("", f"peak {hw.peak_tflops:g} TFLOP/s per GPU ({hw.peak_source}); memory {hw.memory_bytes / GiB:.1f} GiB"),
+        ("", f"MFU {hw.mfu:.3f} ({hw.mfu_source})"),
+        (
+            "budget",
+            f"{plan.budget['value']:.4g}{budget}"
+            + (f" = {plan.budget['flops']:.3g} model FLOPs" if plan.budget["flops"] else ""),
+        ),
+        (
+            "model",
+            f"{plan.parameters / 1e9:.3f}B parameters: {c.num_hidden_layers} layers x {c.hidden_size}, "
+            f"{c.num_attention_heads} heads ({c.num_key_value_heads} KV, head_dim {c.head_dim}), SwiGLU "
+            f"{c.intermediate_size}, vocabulary {c.vocab_size}, windows {windows}",
+        ),
+        ("", f"{plan.flops_per_token:.3g} FLOPs per token at sequence {plan.seq_len}"),
+        (
+            "tokens",
+            f"{_si(plan.tokens)} = {plan.tokens / plan.parameters:.1f} per parameter "
+            f"(target {plan.tokens_per_param_target:g}); {epochs}",
+        ),
+        (
+            "batch",
+            f"{plan.global_batch_tokens:,} tokens = {hw.world} GPU{'s' if hw.world > 1 else ''} x micro-batch {plan.micro_batch} x accumulation "
+            f"{plan.grad_accum} x {plan.seq_len} (DeepSeek B_opt {_si(plan.batch_opt_tokens)}); {plan.steps:,} steps",
+        ),
+        (
+            "memory",
+            f"{plan.strategy.label}, activation checkpointing {'on' if plan.checkpointing else 'off'}: "
+            f"{mem.total / GiB:.1f} GiB per GPU of {plan.usable_bytes / GiB:.1f} usable (estimator)",
+        ),
+        (
+            "schedule",
+            f"{plan.schedule}: peak {plan.peak_lr:.3g} (DeepSeek eta_opt), warmup {_si(schedule['warmup_tokens'])} "
+            f"tokens, {shape}, at {_si(schedule['total_tokens'])} tokens",
+        ),
+        (
+            "predicted",
+            f"{plan.step_seconds:.2f} s/step, {_si(plan.tokens_per_second)} tokens/s, wall-clock {plan.hours:.1f} h, "
+            f"{plan.gpu_hours:,.0f} GPU-hours",
+        ),
+    ]
+    rows += [("warning", text) for text in plan.warnings]
+    return "\n".join(f"{name:<10} {text}" for name, text in rows)
+
+
+def write_plan(
+    plan: Plan, out_dir: str | Path = "plan", dataset: str = "DATA_PATH", run_dir: str = "runs/plan"
+) -> dict[str, Path]:
+    """Write plan.json, model/config.json, accelerate_config.yaml and launch.sh; return their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    command = launch_command(plan, str(out_dir), dataset, run_dir)
+    files = {
+        "plan": out / "plan.json",
+        "model": out / "model" / "config.json",
+        "accelerate_config": out / "accelerate_config.yaml",
+        "launch": out / "launch.sh",
+    }
+    head = f"# hf-pretrain plan: from examples/accelerate_configs/{plan.strategy.template}\n"
+    files["accelerate_config"].write_text(head + yaml.safe_dump(accelerate_config(plan), sort_keys=False))
+    plan.config.save_pretrained(out / "model")
+    rank = ' --machine_rank "${MACHINE_RANK:-0}"' if plan.hardware.nodes > 1 else ""
+    script = shlex.join(command[:4]) + rank + " " + shlex.join(command[4:])
+    files["launch"].write_text(
+        "#!/bin/sh\n# Written by hf-pretrain plan; run from the repository root"
+        + (" on every node, MACHINE_RANK=0 on the main one" if rank else "")
+        + f".\nset -e\n{script}\n"
+    )
+    files["launch"].chmod(0o755)
+    files["plan"].write_text(json.dumps(plan_dict(plan, command), indent=2) + "\n")
+    return files

@@ -1,0 +1,387 @@
+"""`make_plan(PlanRequest) -> Plan`: a budget and the hardware in, a run that fits out (or a refusal that says why).
+
+The order of decisions, each from its one home in the package:
+1. The chip: peak, memory and MFU, each with its source (`hardware.py`).
+2. The model: `--params`, else `--tokens` / tokens-per-parameter, else the compute-optimal shape for the
+   FLOPs the budget buys (`scaling.py`).
+3. The memory, per `distributed.memory.estimate_memory` within the device minus a margin (15 % by default,
+   for what the estimator leaves out: the CUDA context, allocator fragmentation, collective buckets). The
+   candidates, cheapest communication first: DDP, DeepSpeed ZeRO-2, then ZeRO-3 (or FSDP2 with
+   `--sharding fsdp2`, priced as ZeRO-3: both shard weights, gradients and optimizer states and gather one
+   layer at a time). The first that holds a micro-batch of `WANTED_MICRO_TOKENS` tokens (or what the batch
+   needs per GPU, if fewer) wins, else the first that holds one; activation checkpointing only when nothing
+   fits without it (it recomputes the forward: 4/3 of the step's FLOPs). CPU offload is not planned: its
+   speed is the host's, which nothing here predicts; a model that does not fit is refused with the largest
+   one that does.
+4. The tokens: what the budget pays for at that shape (hours x GPUs x peak x MFU, or FLOPs / FLOPs per token).
+5. The batch and learning rate from DeepSeek LLM's fits in compute; micro-batch x accumulation x GPUs rounded to
+   the fit; the schedule positioned in tokens (`training/schedules.py` reads `total_tokens`, `warmup_tokens`).
+6. The prediction: tokens/s = GPUs x peak x MFU / FLOPs per token (x 4/3 with checkpointing), step time,
+   wall-clock, GPU-hours.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..distributed.memory import GiB, MemoryEstimate, count_parameters, estimate_memory
+from ..modeling.configuration import PretrainConfig
+from ..telemetry.flops import flops_per_token
+from . import scaling
+from .hardware import RECIPES, Hardware, PlanRefused, resolve_hardware
+
+DEFAULT_MARGIN = 0.15
+MAX_MICRO_BATCH = 64
+# A micro-batch of ~8K tokens keeps the matmuls large and the accumulation loop short: worth a sharded
+# strategy's extra communication when DDP holds fewer.
+WANTED_MICRO_TOKENS = 8192
+CHECKPOINTING_COST = 4 / 3  # full activation checkpointing runs the forward twice: (1 + 1 + 2) / 3
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str  # single | ddp | zero2 | zero3 | fsdp2
+    label: str
+    zero: int  # the memory estimator's stage
+    template: str  # the accelerate config in examples/accelerate_configs/ it starts from
+    deepspeed_config: str | None = None  # the shipped DeepSpeed preset, relative to the repository root
+
+
+STRATEGIES = {
+    "single": Strategy("single", "one GPU", 0, "one_gpu.yaml"),
+    "ddp": Strategy("ddp", "DDP", 0, "ddp_8gpu.yaml"),
+    "zero2": Strategy("zero2", "DeepSpeed ZeRO-2", 2, "deepspeed_zero3_8gpu.yaml", "ds_configs/zero2.json"),
+    "zero3": Strategy("zero3", "DeepSpeed ZeRO-3", 3, "deepspeed_zero3_8gpu.yaml", "ds_configs/zero3.json"),
+    "fsdp2": Strategy("fsdp2", "FSDP2", 3, "fsdp2_8gpu.yaml"),
+}
+
+
+@dataclass
+class PlanRequest:
+    device: str
+    gpus: int = 1  # per node
+    nodes: int = 1
+    hours: float | None = None
+    tokens: float | None = None
+    flops: float | None = None
+    data_tokens: float | None = None
+    params: float | None = None
+    seq_len: int = 2048
+    tokens_per_param: float = scaling.CHINCHILLA_TOKENS_PER_PARAM
+    mfu: float | None = None
+    trial: str | None = None
+    precision: str | None = None  # default: the trial's recommendation, else bf16
+    vocab_size: int = 65536
+    window_pattern: str = "L"
+    sliding_window: int | None = None
+    sharding: str = "deepspeed"  # or fsdp2
+    schedule: str = "cosine_restarts"  # or wsd
+    margin: float = DEFAULT_MARGIN
+    peak_tflops: float | None = None
+    device_memory_gb: float | None = None
+
+    def __post_init__(self):
+        budgets = [name for name in ("hours", "tokens", "flops") if getattr(self, name) is not None]
+        if len(budgets) != 1:
+            raise ValueError(f"give exactly one budget: --hours, --tokens or --flops (got {budgets or 'none'}).")
+        for name in ("gpus", "nodes", "seq_len", "vocab_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)!r} must be a positive integer.")
+        for name in ("hours", "tokens", "flops", "data_tokens", "params", "tokens_per_param", "peak_tflops"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"--{name.replace('_', '-')}={value!r} must be positive.")
+        if self.mfu is not None and not 0 < self.mfu <= 1:
+            raise ValueError(f"--mfu={self.mfu!r} must be a fraction in (0, 1], e.g. 0.4.")
+        if not 0 <= self.margin < 1:
+            raise ValueError(f"--margin={self.margin!r} must be a fraction in [0, 1), e.g. 0.15.")
+        if self.precision is not None and self.precision not in RECIPES:
+            raise ValueError(f"--precision={self.precision!r} is not planned; use one of {list(RECIPES)}.")
+        if self.sharding not in ("deepspeed", "fsdp2"):
+            raise ValueError(f"--sharding={self.sharding!r} is invalid; use deepspeed or fsdp2.")
+        if "S" in self.window_pattern and self.sliding_window is None:
+            raise ValueError(f"--window-pattern {self.window_pattern} needs --sliding-window (tokens, e.g. 1024).")
+        if self.schedule not in ("cosine_restarts", "wsd"):
+            raise ValueError(f"--schedule={self.schedule!r} is invalid; use cosine_restarts or wsd.")
+
+
+@dataclass
+class Plan:
+    hardware: Hardware
+    config: PretrainConfig
+    seq_len: int
+    tokens_per_param_target: float
+    strategy: Strategy
+    checkpointing: bool
+    micro_batch: int
+    grad_accum: int
+    steps: int
+    memory: MemoryEstimate
+    usable_bytes: int
+    batch_opt_tokens: float
+    peak_lr: float
+    schedule: str
+    schedule_kwargs: dict
+    data_tokens: float | None
+    budget: dict
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def parameters(self) -> int:
+        return count_parameters(self.config)
+
+    @property
+    def flops_per_token(self) -> float:
+        return flops_per_token(self.config, self.seq_len)
+
+    @property
+    def global_batch_tokens(self) -> int:
+        return self.hardware.world * self.micro_batch * self.grad_accum * self.seq_len
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.global_batch_tokens
+
+    @property
+    def model_flops(self) -> float:
+        return self.flops_per_token * self.tokens
+
+    @property
+    def deepseek_compute(self) -> float:
+        return scaling.non_embedding_flops_per_token(self.config, self.seq_len) * self.tokens
+
+    @property
+    def tokens_per_second(self) -> float:
+        cost = CHECKPOINTING_COST if self.checkpointing else 1.0
+        return self.hardware.sustained_flops / (self.flops_per_token * cost)
+
+    @property
+    def step_seconds(self) -> float:
+        return self.global_batch_tokens / self.tokens_per_second
+
+    @property
+    def hours(self) -> float:
+        return self.tokens / self.tokens_per_second / 3600
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.hours * self.hardware.world
+
+    @property
+    def epochs(self) -> float | None:
+        return None if self.data_tokens is None else self.tokens / self.data_tokens
+
+
+def _estimate(config, strategy: Strategy, hw: Hardware, seq_len: int, micro: int, checkpointing: bool):
+    precision = "bf16" if hw.precision == "bf16" else "fp8"
+    return estimate_memory(
+        config,
+        strategy.zero,
+        hw.world,
+        precision,
+        seq_len,
+        micro,
+        checkpointing=checkpointing,
+        device_memory_gb=hw.memory_bytes / GiB,
+        model="plan",
+    )
+
+
+def candidate_strategies(hw: Hardware, sharding: str) -> list[Strategy]:
+    if hw.world == 1:
+        return [STRATEGIES["single"]]
+    sharded = ["zero2", "zero3"] if sharding == "deepspeed" else ["fsdp2"]
+    return [STRATEGIES[name] for name in ("ddp", *sharded)]
+
+
+def largest_micro_batch(config, strategy: Strategy, hw: Hardware, seq_len: int, usable: float, ckpt: bool) -> int:
+    """The largest power-of-two micro-batch (up to MAX_MICRO_BATCH) within `usable` bytes, 0 when none fits."""
+    micro = 0
+    for candidate in (2**i for i in range(int(math.log2(MAX_MICRO_BATCH)) + 1)):
+        if _estimate(config, strategy, hw, seq_len, candidate, ckpt).total > usable:
+            break
+        micro = candidate
+    return micro
+
+
+def fit_memory(config, hw: Hardware, seq_len: int, usable: float, strategies: list[Strategy], wanted: int):
+    """(strategy, checkpointing, largest micro-batch): without checkpointing if anything fits, the first strategy
+    whose micro-batch reaches `wanted` sequences, else the first that fits one; None when nothing fits."""
+    for checkpointing in (False, True):
+        micros = [largest_micro_batch(config, s, hw, seq_len, usable, checkpointing) for s in strategies]
+        pick = next((i for i, m in enumerate(micros) if m >= wanted), None)
+        pick = pick if pick is not None else next((i for i, m in enumerate(micros) if m), None)
+        if pick is not None:
+            return strategies[pick], checkpointing, micros[pick]
+    return None
+
+
+def _refuse_memory(config, hw: Hardware, request: PlanRequest, usable: float, strategies: list[Strategy]):
+    last = strategies[-1]
+    need = _estimate(config, last, hw, request.seq_len, 1, True).total
+    shape_args = dict(
+        vocab_size=request.vocab_size,
+        seq_len=request.seq_len,
+        window_pattern=request.window_pattern,
+        sliding_window=request.sliding_window,
+    )
+    fitting = next(
+        (
+            c
+            for layers in reversed(scaling.LAYERS)
+            if _estimate(c := scaling.shape(layers, **shape_args), last, hw, request.seq_len, 1, True).total <= usable
+        ),
+        None,
+    )
+    how = f"{last.label} over {hw.world} GPUs" if hw.world > 1 else "one GPU (nothing to shard)"
+    how += ", micro-batch 1, full activation checkpointing"
+    where = (
+        f"{hw.device} ({hw.memory_bytes / GiB:.0f} GiB, {usable / GiB:.1f} GiB usable at a {request.margin:.0%} margin)"
+    )
+    if fitting is None:
+        advice = "even the smallest shape of the planner does not fit: use a larger device (--device)"
+    else:
+        n = count_parameters(fitting)
+        advice = (
+            f"the largest model that fits one step is {n / 1e9:.2f}B parameters ({fitting.num_hidden_layers} x "
+            f"{fitting.hidden_size}): pass --params {n:.3g}, add GPUs (--gpus / --nodes), or offload to the CPU "
+            "(ds_configs/zero3_offload.json; the planner does not predict its speed)"
+        )
+    raise PlanRefused(
+        f"a {count_parameters(config) / 1e9:.2f}B-parameter model does not fit one training step on {where}: "
+        f"with {how} it needs {need / GiB:.1f} GiB per GPU; {advice}."
+    )
+
+
+def choose_model(request: PlanRequest, hw: Hardware) -> tuple[PretrainConfig, dict]:
+    """The shape, and the budget as asked (kind, value, compute it buys before checkpointing)."""
+    shape_args = dict(
+        vocab_size=request.vocab_size, window_pattern=request.window_pattern, sliding_window=request.sliding_window
+    )
+    if request.hours is not None:
+        budget = {"kind": "hours", "value": request.hours, "flops": request.hours * 3600 * hw.sustained_flops}
+    elif request.flops is not None:
+        budget = {"kind": "flops", "value": request.flops, "flops": request.flops}
+    else:
+        budget = {"kind": "tokens", "value": request.tokens, "flops": None}
+    try:
+        if request.params is not None:
+            target = f"--params {request.params:.3g}"
+            config = scaling.shape_for_parameters(request.params, seq_len=request.seq_len, **shape_args)
+        elif budget["kind"] == "tokens":
+            target = f"--tokens {request.tokens:.3g} / {request.tokens_per_param:g} tokens per parameter"
+            config = scaling.shape_for_parameters(
+                request.tokens / request.tokens_per_param, seq_len=request.seq_len, **shape_args
+            )
+        else:
+            target = f"{budget['flops']:.3g} FLOPs at {request.tokens_per_param:g} tokens per parameter"
+            config = scaling.compute_optimal_shape(
+                budget["flops"], request.tokens_per_param, request.seq_len, **shape_args
+            )
+    except scaling.ShapeOutOfRange as out:
+        n = count_parameters(out.config)
+        fix = (
+            "raise the budget, lower --vocab-size, or pass --params"
+            if out.which == "smallest"
+            else "lower the budget or --params, or raise --tokens-per-param"
+        )
+        raise PlanRefused(
+            f"{target} asks for a model beyond the planner's {out.which} shape ({n / 1e6:,.1f}M parameters: "
+            f"{out.config.num_hidden_layers} x {out.config.hidden_size}, vocabulary {request.vocab_size}); {fix}."
+        ) from None
+    return config, budget
+
+
+def budget_tokens(budget: dict, fpt: float, checkpointing: bool) -> float:
+    """Tokens the budget trains: checkpointing's recompute spends hours, not model FLOPs."""
+    if budget["kind"] == "hours":
+        return budget["flops"] / (fpt * (CHECKPOINTING_COST if checkpointing else 1.0))
+    return budget["flops"] / fpt if budget["kind"] == "flops" else budget["value"]
+
+
+def sequences_per_gpu(config, tokens: float, seq_len: int, world: int) -> tuple[float, float, int]:
+    """(DeepSeek's C, B_opt in tokens, sequences per GPU per optimizer step that B_opt asks for)."""
+    compute = scaling.non_embedding_flops_per_token(config, seq_len) * tokens
+    batch_opt = scaling.deepseek_batch_tokens(compute)
+    return compute, batch_opt, max(1, round(batch_opt / (seq_len * world)))
+
+
+def make_plan(request: PlanRequest) -> Plan:
+    hw = resolve_hardware(request)
+    config, budget = choose_model(request, hw)
+    seq, fpt = request.seq_len, flops_per_token(config, request.seq_len)
+    usable = int(hw.memory_bytes * (1 - request.margin))
+    strategies = candidate_strategies(hw, request.sharding)
+    *_, wanted = sequences_per_gpu(config, budget_tokens(budget, fpt, False), seq, hw.world)
+    fit = fit_memory(config, hw, seq, usable, strategies, max(1, min(wanted, WANTED_MICRO_TOKENS // seq)))
+    if fit is None:
+        _refuse_memory(config, hw, request, usable, strategies)
+    strategy, checkpointing, max_micro = fit
+    tokens = budget_tokens(budget, fpt, checkpointing)
+    compute, batch_opt, per_gpu = sequences_per_gpu(config, tokens, seq, hw.world)
+    micro = 2 ** int(math.log2(min(max_micro, per_gpu)))
+    accum = max(1, round(per_gpu / micro))
+    global_tokens = hw.world * micro * accum * seq
+    steps = round(tokens / global_tokens)
+    if steps < 1:
+        raise PlanRefused(
+            f"the budget buys {tokens:,.0f} tokens, less than one optimizer step of {global_tokens:,} tokens "
+            f"({hw.world} GPU(s) x micro-batch {micro} x {seq}); raise the budget."
+        )
+    trained = steps * global_tokens
+    peak_lr = scaling.deepseek_peak_lr(compute)
+    schedule_kwargs = {"total_tokens": trained, "warmup_tokens": round(0.008 * trained)}
+    if request.schedule == "wsd":
+        schedule_kwargs.update(decay_fraction=0.2, floor=0.0, shape="1-sqrt")
+    else:
+        schedule_kwargs["floor"] = 0.1
+    plan = Plan(
+        hardware=hw,
+        config=config,
+        seq_len=seq,
+        tokens_per_param_target=request.tokens_per_param,
+        strategy=strategy,
+        checkpointing=checkpointing,
+        micro_batch=micro,
+        grad_accum=accum,
+        steps=steps,
+        memory=_estimate(config, strategy, hw, seq, micro, checkpointing),
+        usable_bytes=usable,
+        batch_opt_tokens=batch_opt,
+        peak_lr=peak_lr,
+        schedule=request.schedule,
+        schedule_kwargs=schedule_kwargs,
+        data_tokens=request.data_tokens,
+        budget=budget,
+    )
+    plan.warnings = warnings_for(plan)
+    return plan
+
+
+def warnings_for(plan: Plan) -> list[str]:
+    out = []
+    epochs = plan.epochs
+    if epochs is None:
+        out.append("no --data-tokens: epochs over the unique data unknown")
+    elif epochs > scaling.MAX_USEFUL_EPOCHS:
+        useful = scaling.MAX_USEFUL_EPOCHS * plan.data_tokens
+        out.append(
+            f"{epochs:.1f} epochs over {plan.data_tokens:.3g} unique tokens: past ~{scaling.MAX_USEFUL_EPOCHS:g} "
+            f"repeats the value of repeated data fades (Muennighoff et al. 2023); {useful:.3g} tokens "
+            f"({scaling.MAX_USEFUL_EPOCHS:g} epochs) suit a model of ~{useful / plan.tokens_per_param_target:.3g} "
+            "parameters (--tokens), or find more data"
+        )
+    if plan.global_batch_tokens > 2 * plan.batch_opt_tokens:
+        out.append(
+            f"global batch {plan.global_batch_tokens:,} tokens is {plan.global_batch_tokens / plan.batch_opt_tokens:.1f}"
+            f"x DeepSeek's B_opt ({plan.batch_opt_tokens:,.0f}): the smallest the GPUs give at micro-batch 1"
+        )
+    if plan.checkpointing:
+        out.append("activation checkpointing is on: each step recomputes the forward (4/3 of the FLOPs)")
+    warmup_steps = plan.schedule_kwargs["warmup_tokens"] / plan.global_batch_tokens
+    if warmup_steps < 10:
+        out.append(f"warmup is {warmup_steps:.1f} optimizer steps (0.8 % of the tokens): a very short run")
+    if plan.hardware.nodes > 1:
+        out.append("multi-node: set main_process_ip in accelerate_config.yaml and run launch.sh on every node")
+    return out

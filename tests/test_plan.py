@@ -1,0 +1,405 @@
+"""`hf-pretrain plan`: the arithmetic against hand-computed cases and the published fits, the refusals, plans that
+fit their memory per the estimator, and launch files that the example, accelerate and the schedules accept."""
+
+import importlib.util
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_pretrain import PretrainConfig
+from hf_pretrain.cli import main as cli
+from hf_pretrain.distributed.memory import count_parameters, device_memory_bytes, estimate_memory
+from hf_pretrain.plan import PlanRefused, PlanRequest, make_plan, write_plan
+from hf_pretrain.plan.hardware import MFU_ASSUMPTIONS
+from hf_pretrain.plan.output import launch_command
+from hf_pretrain.plan.planner import STRATEGIES, candidate_strategies
+from hf_pretrain.plan.scaling import (
+    LAYERS,
+    compute_optimal_shape,
+    deepseek_batch_tokens,
+    deepseek_peak_lr,
+    non_embedding_flops_per_token,
+    shape,
+)
+from hf_pretrain.preflight.trial import summarize
+from hf_pretrain.presets import get_preset, load_config
+from hf_pretrain.telemetry.flops import flops_per_token
+from hf_pretrain.training.schedules import build_schedule
+
+ROOT = Path(__file__).resolve().parents[1]
+GiB = 1024**3
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("pretrain_example", ROOT / "examples" / "pretrain.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------- the published fits
+
+
+def test_deepseek_fits_hand_computed():
+    # log10 B = log10(0.2920) + 21 x 0.3271 = -0.53462 + 6.86910 = 6.33448 -> 2.1601e6 tokens
+    assert deepseek_batch_tokens(1e21) == pytest.approx(2.1601e6, rel=1e-4)
+    # log10 eta = log10(0.3118) - 21 x 0.1250 = -0.50613 - 2.62500 = -3.13113 -> 7.394e-4
+    assert deepseek_peak_lr(1e21) == pytest.approx(7.394e-4, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    "layers, width, ffn, heads, kv, batch_sequences, lr",
+    [(30, 4096, 11008, 32, 32, 2304, 4.2e-4), (95, 8192, 22016, 64, 8, 4608, 3.2e-4)],
+    ids=["7B", "67B"],
+)
+def test_deepseek_fits_reproduce_the_papers_own_choices(layers, width, ffn, heads, kv, batch_sequences, lr):
+    """DeepSeek LLM (arXiv 2401.02954) trained its 7B and 67B on 2T tokens at 4096 with these batch sizes and
+    peak learning rates; its fits at C = non-embedding FLOPs per token x tokens land within 10 % of them."""
+    config = PretrainConfig(
+        vocab_size=102400,
+        hidden_size=width,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=4096,
+    )
+    compute = non_embedding_flops_per_token(config, 4096) * 2e12
+    assert deepseek_batch_tokens(compute) == pytest.approx(batch_sequences * 4096, rel=0.10)
+    assert deepseek_peak_lr(compute) == pytest.approx(lr, rel=0.10)
+
+
+def test_non_embedding_flops_leave_out_only_the_lm_head():
+    config = get_preset("1.4b")
+    head = 6 * 2048 * 65536
+    assert flops_per_token(config, 2048) - non_embedding_flops_per_token(config, 2048) == head
+
+
+def test_compute_optimal_shape_is_the_closest_chinchilla_run_of_the_family():
+    budget = 1e21
+    config = compute_optimal_shape(budget, 20.0, 2048, vocab_size=65536)
+
+    def cost(layers):
+        c = shape(layers, 65536, 2048)
+        return flops_per_token(c, 2048) * 20 * count_parameters(c)
+
+    distance = {n: abs(math.log(cost(n) / budget)) for n in LAYERS}
+    assert config.num_hidden_layers == min(distance, key=distance.get)
+    assert distance[config.num_hidden_layers] < math.log(1.25)  # the family's steps are finer than 25 %
+
+
+def test_shapes_follow_the_presets_recipe():
+    c = shape(32, 65536, 2048)  # width 96 x 32 = 3072
+    assert (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads) == (3072, 128, 24, 6)  # GQA 4:1
+    assert c.intermediate_size == 8192  # 8/3 x 3072 = 8192, a multiple of 256
+    odd = shape(24, 65536, 2048)  # 2304 wide: 18 heads, not a multiple of 4 -> GQA 2:1
+    assert (odd.num_attention_heads, odd.num_key_value_heads, odd.intermediate_size) == (18, 9, 6144)
+    small = shape(4, 4096, 256)  # 384 wide: head_dim 64, 6 heads -> plain multi-head
+    assert (small.hidden_size, small.head_dim, small.num_key_value_heads) == (384, 64, 6)
+    assert not shape(8, 4096, 256).tie_word_embeddings
+
+
+# ---------------------------------------------------------------- MFU assumptions and their sources
+
+
+def test_gb10_mfu_assumption_is_the_field_notes_run_recomputed():
+    """Field notes A, run 1: the 0.9b preset, 5.2B tokens, 6 days 21 hours on one GB10 (125 TFLOP/s bf16)."""
+    achieved = 5.2e9 * flops_per_token(get_preset("0.9b"), 2048) / (165 * 3600)
+    assert achieved / 125e12 == pytest.approx(MFU_ASSUMPTIONS["gb10"][0], abs=0.01)
+
+
+def test_a100_mfu_assumption_is_the_field_notes_run_recomputed():
+    """Field notes B: a 7B at 4K on 8 x A100 (312 TFLOP/s bf16), ~1.1B tokens a day."""
+    achieved = 1.1e9 / 86400 / 8 * flops_per_token(get_preset("llama2-7b"), 4096)
+    assert achieved / 312e12 == pytest.approx(MFU_ASSUMPTIONS["a100"][0], abs=0.01)
+
+
+# ---------------------------------------------------------------- the plan's arithmetic
+
+
+def test_hours_budget_hand_computed_and_spent():
+    plan = make_plan(PlanRequest("h100", gpus=8, hours=24, data_tokens=50e9))
+    # 24 h x 3600 s x 8 GPUs x 989.4 TFLOP/s (H100 SXM dense bf16) x MFU 0.40 = 2.7355e20 FLOPs
+    assert plan.budget["flops"] == pytest.approx(2.7355e20, rel=1e-4)
+    assert plan.hardware.mfu == 0.40 and "assumption" in plan.hardware.mfu_source
+    fpt = flops_per_token(plan.config, 2048)
+    assert plan.tokens_per_second == pytest.approx(8 * 989.4e12 * 0.40 / fpt)
+    assert plan.global_batch_tokens == 8 * plan.micro_batch * plan.grad_accum * 2048
+    assert plan.tokens == plan.steps * plan.global_batch_tokens
+    assert plan.step_seconds == pytest.approx(plan.global_batch_tokens / plan.tokens_per_second)
+    assert abs(plan.hours - 24) <= plan.step_seconds / 3600  # spent to within one step
+    assert plan.gpu_hours == pytest.approx(8 * plan.hours)
+    assert plan.epochs == pytest.approx(plan.tokens / 50e9)
+    # compute-optimal: ~20 tokens per parameter, up to the family's step between depths
+    assert 15 < plan.tokens / plan.parameters < 27
+    # batch and learning rate: DeepSeek's fits at C = non-embedding FLOPs x tokens, batch rounded to the GPUs
+    compute = non_embedding_flops_per_token(plan.config, 2048) * plan.tokens
+    assert plan.peak_lr == pytest.approx(0.3118 * compute**-0.125, rel=1e-3)
+    assert plan.global_batch_tokens == pytest.approx(0.2920 * compute**0.3271, rel=0.25)
+
+
+def test_tokens_and_params_budget_hand_computed():
+    plan = make_plan(PlanRequest("h100", tokens=20e9, params=1e9, mfu=0.5))
+    assert count_parameters(plan.config) == pytest.approx(1e9, rel=0.1)
+    assert plan.tokens == pytest.approx(20e9, abs=plan.global_batch_tokens / 2)
+    fpt = flops_per_token(plan.config, 2048)
+    assert plan.hours == pytest.approx(plan.tokens * fpt / (989.4e12 * 0.5) / 3600)
+    assert plan.hardware.mfu_source == "--mfu (your assumption)"
+
+
+def test_flops_budget_and_schedule_positions_in_tokens():
+    plan = make_plan(PlanRequest("h200", gpus=8, flops=1e21, schedule="wsd"))
+    assert plan.model_flops == pytest.approx(1e21, rel=0.02)  # rounded to whole steps
+    kwargs = plan.schedule_kwargs
+    assert kwargs["total_tokens"] == plan.tokens and kwargs["warmup_tokens"] == round(0.008 * plan.tokens)
+    assert kwargs["decay_fraction"] == 0.2 and kwargs["shape"] == "1-sqrt"
+
+
+def test_checkpointing_only_when_nothing_fits_without_it_and_it_costs_a_forward():
+    plan = make_plan(PlanRequest("h100", params=3e9, seq_len=8192, tokens=60e9))
+    assert plan.checkpointing
+    strategy = STRATEGIES["single"]
+    assert estimate_memory(plan.config, 0, 1, "bf16", 8192, 1).total > plan.usable_bytes  # not without it
+    assert strategy.name == plan.strategy.name
+    fpt = flops_per_token(plan.config, 8192)
+    assert plan.tokens_per_second == pytest.approx(989.4e12 * 0.40 / (fpt * 4 / 3))
+
+
+def test_windows_are_planned_and_priced():
+    plan = make_plan(PlanRequest("h100", gpus=8, hours=48, seq_len=8192, window_pattern="SSSL", sliding_window=1024))
+    layers = plan.config.num_hidden_layers
+    assert plan.config.layer_types[:4] == ["sliding_attention"] * 3 + ["full_attention"]
+    plain = shape(layers, 65536, 8192)  # the same shape without windows attends to more keys
+    assert plan.flops_per_token == flops_per_token(plan.config, 8192) < flops_per_token(plain, 8192)
+
+
+def test_low_precision_uses_its_own_peak_and_scaled_mfu():
+    plan = make_plan(PlanRequest("h100", hours=10, precision="fp8"))
+    assert plan.hardware.peak_tflops == 1978.9
+    assert plan.hardware.mfu == pytest.approx(0.40 * 1.3 / 2)  # ~1.3x bf16's speed against a 2x peak
+    assert plan.memory.precision == "fp8"
+
+
+def test_trial_gives_the_measured_mfu_and_the_recipe(tmp_path):
+    def row(recipe, step, loss, mfu):
+        return {"recipe": recipe, "status": "ok", "median_step_s": step, "peak_memory_gib": 50.0,
+                "final_loss": loss, "mfu_spec": mfu}  # fmt: skip
+
+    trial = tmp_path / "trial.json"
+    trial.write_text(json.dumps(summarize([row("bf16", 4.0, 3.10, 0.31), row("fp8", 3.1, 3.11, 0.20)], 30, 5, 0.05)))
+    plan = make_plan(PlanRequest("h100", gpus=8, hours=24, trial=str(trial)))
+    assert plan.hardware.precision == "fp8" and plan.hardware.mfu == 0.20 and "trial" in plan.hardware.mfu_source
+    fpt = flops_per_token(plan.config, 2048)
+    assert plan.tokens_per_second == pytest.approx(8 * 1978.9e12 * 0.20 / fpt)
+    forced = make_plan(PlanRequest("h100", gpus=8, hours=24, trial=str(trial), precision="bf16"))
+    assert forced.hardware.mfu == 0.31 and forced.hardware.peak_tflops == 989.4
+
+
+# ---------------------------------------------------------------- plans fit their memory
+
+
+HARDWARE = {
+    "1x H100": dict(device="h100", gpus=1, nodes=1),
+    "8x H100": dict(device="h100", gpus=8, nodes=1),
+    "16x H100": dict(device="h100", gpus=8, nodes=2),
+    "GB10 pair": dict(device="gb10", gpus=1, nodes=2),
+}
+
+
+@pytest.mark.parametrize("hours", [24, 24 * 30])
+@pytest.mark.parametrize("name", list(HARDWARE))
+def test_plans_fit_their_memory_per_the_estimator(name, hours):
+    hw = HARDWARE[name]
+    plan = make_plan(PlanRequest(**hw, hours=hours, data_tokens=1e12))
+    world = hw["gpus"] * hw["nodes"]
+    device = device_memory_bytes(hw["device"])
+    estimate = estimate_memory(
+        plan.config, plan.strategy.zero, world, "bf16", 2048, plan.micro_batch, checkpointing=plan.checkpointing
+    )
+    assert estimate.total <= 0.85 * device, (name, plan.strategy, estimate.total / GiB)
+    # the largest micro-batch the strategy holds, unless the batch needs no more per GPU
+    per_gpu = plan.micro_batch * plan.grad_accum
+    bigger = estimate_memory(
+        plan.config, plan.strategy.zero, world, "bf16", 2048, 2 * plan.micro_batch, checkpointing=plan.checkpointing
+    )
+    assert bigger.total > 0.85 * device or 2 * plan.micro_batch > per_gpu or plan.micro_batch == 64
+    if not plan.checkpointing:  # checkpointing only when nothing fits without it
+        return
+    for strategy in candidate_strategies(plan.hardware, "deepspeed"):
+        assert estimate_memory(plan.config, strategy.zero, world, "bf16", 2048, 1).total > 0.85 * device
+
+
+def test_a_month_on_sixteen_h100_shards_and_a_day_on_one_does_not():
+    month = make_plan(PlanRequest("h100", gpus=8, nodes=2, hours=720))
+    day = make_plan(PlanRequest("h100", hours=24))
+    assert month.strategy.zero >= 2 and month.parameters > 5e9
+    assert day.strategy.name == "single" and day.parameters < 1e9
+
+
+def test_strategy_is_the_cheapest_communication_that_holds_8k_tokens_per_micro_batch():
+    day = make_plan(PlanRequest("h100", gpus=8, hours=24))
+    assert day.strategy.name == "ddp" and day.micro_batch * 2048 >= 8192
+    week = make_plan(PlanRequest("h100", gpus=8, hours=168))
+    usable = week.usable_bytes
+    assert estimate_memory(week.config, 0, 8, "bf16", 2048, 1).total <= usable  # DDP holds one sequence...
+    assert estimate_memory(week.config, 0, 8, "bf16", 2048, 4).total > usable  # ...not 8K tokens
+    assert week.strategy.name == "zero2" and week.micro_batch >= 4 and not week.checkpointing
+    fsdp = make_plan(PlanRequest("h100", gpus=8, hours=168, sharding="fsdp2"))
+    assert fsdp.strategy.name == "fsdp2" and fsdp.strategy.zero == 3
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def test_refuses_a_model_that_cannot_fit_and_names_the_largest_that_does():
+    with pytest.raises(PlanRefused) as refused:
+        make_plan(PlanRequest("h100", params=7e9, tokens=140e9))
+    message = str(refused.value)
+    assert "does not fit one training step on h100" in message and "67.7 GiB usable" in message
+    assert "one GPU (nothing to shard)" in message and "full activation checkpointing" in message
+    suggested = float(message.split("pass --params ")[1].split(",")[0])
+    plan = make_plan(PlanRequest("h100", params=suggested, tokens=140e9))  # the suggestion plans
+    assert plan.memory.total <= plan.usable_bytes
+
+
+def test_refuses_a_budget_below_the_smallest_shape():
+    with pytest.raises(PlanRefused, match=r"smallest shape .* raise the budget, lower --vocab-size"):
+        make_plan(PlanRequest("h100", hours=0.001))
+
+
+def test_refuses_a_budget_below_one_optimizer_step():
+    with pytest.raises(PlanRefused, match="less than one optimizer step"):
+        make_plan(PlanRequest("h100", gpus=8, nodes=2, params=40e6, tokens=10_000))
+
+
+def test_refuses_chips_without_a_peak_or_an_mfu_and_recipes_they_lack():
+    with pytest.raises(PlanRefused, match=r"no recorded MFU .* --mfu"):
+        make_plan(PlanRequest("l40s", hours=24))
+    assert make_plan(PlanRequest("l40s", hours=24, mfu=0.35)).hardware.peak_tflops == 362.1
+    with pytest.raises(PlanRefused, match=r"no dense bf16 peak .* --peak-tflops"):
+        make_plan(PlanRequest("tpu-v5", hours=24, mfu=0.4, device_memory_gb=16))
+    with pytest.raises(PlanRefused, match="no dense fp8 peak"):
+        make_plan(PlanRequest("a100", hours=24, precision="fp8"))  # no FP8 tensor cores
+
+
+def test_refuses_a_trial_without_an_mfu_against_spec(tmp_path):
+    """A trial on a CPU (or a chip missing from peaks.py) has mfu_spec n/a: no MFU to plan with."""
+    with pytest.raises(PlanRefused, match="unreadable"):
+        make_plan(PlanRequest("h100", hours=24, trial=str(tmp_path / "missing.json")))
+    for recipe in ("fp32", "bf16"):
+        row = {"recipe": recipe, "status": "ok", "median_step_s": 1.0, "peak_memory_gib": 1.0, "final_loss": 5.0}
+        trial = tmp_path / f"{recipe}.json"
+        trial.write_text(json.dumps(summarize([row], 6, 2, 0.05)))
+        with pytest.raises(PlanRefused, match=rf"the {recipe} row has no MFU against a spec peak \(mfu_spec n/a"):
+            make_plan(PlanRequest("h100", hours=24, trial=str(trial)))
+
+
+def test_bad_requests_name_the_flag():
+    with pytest.raises(ValueError, match="exactly one budget"):
+        PlanRequest("h100", hours=1, tokens=1e9)
+    with pytest.raises(ValueError, match=r"--mfu=1.5"):
+        PlanRequest("h100", hours=1, mfu=1.5)
+    with pytest.raises(ValueError, match=r"--seq-len=0"):
+        PlanRequest("h100", hours=1, seq_len=0)
+    with pytest.raises(ValueError, match="needs --sliding-window"):
+        PlanRequest("h100", hours=1, window_pattern="SSSL")
+
+
+def test_warns_past_four_epochs_of_repeated_data():
+    plan = make_plan(PlanRequest("h100", gpus=8, hours=24, data_tokens=2e9))
+    [warning] = [w for w in plan.warnings if "epochs over" in w]
+    assert "Muennighoff" in warning and f"{plan.epochs:.1f} epochs" in warning
+    assert not any("epochs over" in w for w in make_plan(PlanRequest("h100", hours=24, data_tokens=1e12)).warnings)
+
+
+def test_cli_refusal_is_an_error_with_the_reason(capsys, tmp_path):
+    assert cli(["plan", "--device", "h100", "--params", "7B", "--tokens", "140B", "--out", str(tmp_path)]) == 2
+    assert "does not fit one training step" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the files
+
+
+@pytest.mark.parametrize(
+    "flags, distributed_type",
+    [
+        (["--gpus", "1", "--hours", "24"], "NO"),
+        (["--gpus", "8", "--hours", "24"], "MULTI_GPU"),
+        (["--gpus", "8", "--nodes", "2", "--hours", "720"], "DEEPSPEED"),
+        (["--gpus", "8", "--hours", "720", "--sharding", "fsdp2"], "FSDP"),
+    ],
+    ids=["one", "ddp", "zero2-two-nodes", "fsdp2"],
+)
+def test_cli_writes_files_accelerate_and_the_example_accept(flags, distributed_type, tmp_path, capsys):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    out = tmp_path / "plan"
+    assert cli(["plan", "--device", "h100", *flags, "--data-tokens", "300B", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "predicted" in printed and "MFU 0.400" in printed and "accelerate launch" in printed
+    saved = json.loads((out / "plan.json").read_text())
+    accel = load_config_from_file(str(out / "accelerate_config.yaml"))  # accelerate's own loader
+    assert accel.distributed_type.value == distributed_type and accel.num_processes == saved["batch"]["gpus"]
+    if distributed_type == "DEEPSPEED":
+        assert (ROOT / accel.deepspeed_config["deepspeed_config_file"]).exists()
+        assert accel.num_machines == 2 and accel.main_process_ip
+    model = load_config(str(out / "model"))
+    assert {k: getattr(model, k) for k in saved["model"]["config"]} == saved["model"]["config"]
+    assert count_parameters(model) == saved["model"]["parameters"]
+    script = (out / "launch.sh").read_text()
+    assert saved["command"].split("examples/pretrain.py ")[1] in script
+
+    # The example parses the command and builds the planned model; the schedule runs in tokens.
+    argv = saved["command"].split("examples/pretrain.py ")[1]
+    example = load_example()
+    model_args, _, args = example.parse_args(shlex.split(argv))
+    assert args.per_device_train_batch_size == saved["batch"]["micro_batch"]
+    assert args.gradient_accumulation_steps == saved["batch"]["gradient_accumulation"]
+    assert args.max_steps == saved["batch"]["steps"] and args.learning_rate == pytest.approx(
+        saved["schedule"]["peak_lr"], rel=1e-2
+    )
+    built = example.base_config(model_args.preset)
+    assert count_parameters(built) == saved["model"]["parameters"]
+    kwargs = args.lr_scheduler_kwargs
+    tokens = {"seen": 0.0}
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate)
+    assert args.pretrain_schedule == saved["schedule"]["type"]  # PretrainingArguments takes it as its own
+    schedule = build_schedule(args.pretrain_schedule, optimizer, args.max_steps, 0, kwargs, lambda: tokens["seen"])
+    for seen, factor in ((0, 0.0), (kwargs["warmup_tokens"], 1.0), (kwargs["total_tokens"], kwargs["floor"])):
+        tokens["seen"] = seen
+        optimizer.step()
+        schedule.step()
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(args.learning_rate * factor, abs=1e-9)
+
+
+@pytest.mark.slow
+def test_the_planned_launch_trains(tmp_path):
+    """The plan's own command, on this CPU with one process: the example reads the planned model and schedule."""
+    out = tmp_path / "plan"
+    plan = make_plan(PlanRequest("h100", params=4e6, tokens=20e6, vocab_size=4096, seq_len=128))
+    write_plan(plan, out)
+    argv = launch_command(plan, str(out), "unused", str(tmp_path / "run"))
+    argv = argv[argv.index("examples/pretrain.py") + 1 :]
+    drop = argv.index("--dataset_path")
+    del argv[drop : drop + 2]  # the embedded corpus
+    fast = ["--max_steps", "4", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4",
+            "--gradient_accumulation_steps", "1", "--precision", "fp32", "--save_strategy", "no"]  # fmt: skip
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "examples/pretrain.py"]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "2"}
+    proc = subprocess.run(
+        [*cmd, *argv, *fast, "--data_cache_dir", str(tmp_path / "data")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    summary = json.loads((tmp_path / "run" / "pretrain_summary.json").read_text())
+    assert summary["tokens_seen"] > 0 and math.isfinite(summary["train_loss"])
+    saved = load_config(str(tmp_path / "run"))
+    assert (saved.num_hidden_layers, saved.hidden_size) == (plan.config.num_hidden_layers, plan.config.hidden_size)
