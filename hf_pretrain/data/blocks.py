@@ -29,6 +29,8 @@ import pyarrow.compute as pc
 from datasets import Dataset, IterableDataset
 from datasets.distributed import split_dataset_by_node
 
+from .workers import children_die_with_parent
+
 DROP = "_drop"  # reason to drop a row; "" keeps it
 FIRST = "_first"  # True on the first output row of each input document (blocks that split set it)
 BYTES_IN = "_bytes_in"  # the batch's input bytes, carried on its first row
@@ -138,6 +140,7 @@ class Block(ABC):
         out[BYTES_OUT] = text_bytes(out[self.text_column])
         return out
 
+    @children_die_with_parent()
     def run(
         self, data: Dataset | IterableDataset, rank: int = 0, world_size: int = 1, num_proc: int | None = None
     ) -> Dataset | IterableDataset:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .blocks import BlockStats
 from .read import ReadFiles
+from .workers import children_die_with_parent
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -164,5 +165,6 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in COMMANDS:
         print(f"usage: hf-pretrain data {{{','.join(COMMANDS)}}} [options]   (hf-pretrain data COMMAND --help)")
         return 2
-    COMMANDS[argv[0]](argv[1:])
+    with children_die_with_parent():
+        COMMANDS[argv[0]](argv[1:])
     return 0

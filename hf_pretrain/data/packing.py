@@ -41,6 +41,7 @@ from datasets import Dataset, load_from_disk
 from transformers import PreTrainedTokenizerBase
 
 from .blocks import BlockStats, shard
+from .workers import children_die_with_parent
 
 MODES = ("concat", "best_fit")
 COUNTERS = ("_documents", "_tokens", "_tail", "_cropped", "_bytes")
@@ -124,6 +125,7 @@ class Pack:
             out[name] = [value] + [0] * (len(out["input_ids"]) - 1)
         return out
 
+    @children_die_with_parent()
     def run(self, data: Dataset, rank: int = 0, world_size: int = 1, num_proc: int | None = None) -> Dataset:
         data = shard(data, rank, world_size)
         if self.text_column not in data.column_names:

@@ -31,6 +31,7 @@ from datasets import Dataset, DatasetDict, load_from_disk
 from .blocks import BlockStats
 from .corpus import is_heldout
 from .read import ReadFiles
+from .workers import children_die_with_parent
 
 
 @dataclass
@@ -96,6 +97,7 @@ class Pipeline:
         self.stats += _read_stats(folder)
         return folder
 
+    @children_die_with_parent()
     def run(self) -> list[BlockStats]:
         c = self.config
         data_dir = self._step(0, "read", self._read)

@@ -34,6 +34,7 @@ from pathlib import Path
 from datasets import Dataset, IterableDataset, load_dataset, load_from_disk
 
 from .blocks import BYTES_IN, BYTES_OUT, DROP, FIRST, BlockStats, count_and_keep, count_and_keep_streaming, shard
+from .workers import children_die_with_parent
 
 LINE_SUFFIXES = {".jsonl": "json", ".json": "json", ".txt": "text", ".md": "text"}
 TYPED_SUFFIXES = {".parquet": "parquet", ".arrow": "arrow"}
@@ -110,6 +111,7 @@ class ReadFiles:
         self.text_column, self.max_bytes = text_column, max_bytes
         self.stats = BlockStats(self.name)
 
+    @children_die_with_parent()
     def run(
         self,
         path: str | Path,
