@@ -47,13 +47,16 @@ def valid_utf8(text: str) -> bool:
     return True
 
 
+def check_vocab_size(vocab_size: int) -> None:
+    least = len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIAL_TOKENS)
+    if vocab_size < least:
+        raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs at least {least}.")
+
+
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE of `vocab_size` tokens (special tokens included) on `texts`."""
+    check_vocab_size(vocab_size)
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    if vocab_size < len(alphabet) + len(SPECIAL_TOKENS):
-        raise ValueError(
-            f"vocab_size={vocab_size} is too small: byte-level BPE needs at least {len(alphabet) + len(SPECIAL_TOKENS)}."
-        )
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [

@@ -16,13 +16,22 @@ def test_best_fit_places_whole_documents_and_crops_only_long_ones():
     rng = random.Random(0)
     docs = [[rng.randrange(5, 50) for _ in range(rng.randrange(1, 31))] + [1] for _ in range(200)]
     docs.append(list(range(100, 175)) + [1])  # longer than a block: cropped into pieces
-    rows, cropped = best_fit(docs, 32)
+    rows, cropped, sources = best_fit(docs, 32)
     assert cropped == 1 and all(len(r) <= 32 for r in rows)
+    # each row is the concatenation of the pieces of the documents it names, in order
+    offsets = {}
+    for row, source in zip(rows, sources, strict=True):
+        rebuilt = []
+        for d in source:
+            piece = docs[d][offsets.get(d, 0) :][:32] if len(docs[d]) > 32 else docs[d]
+            offsets[d] = offsets.get(d, 0) + len(piece)
+            rebuilt += piece
+        assert rebuilt == row
     assert sorted(t for r in rows for t in r) == sorted(t for d in docs for t in d)  # nothing lost or duplicated
     whole = [d for d in docs if len(d) <= 32]
     text = [",".join(map(str, r)) + "," for r in rows]
     assert all(any(",".join(map(str, d)) + "," in row for row in text) for d in whole)  # never split
-    assert best_fit(docs, 32) == (rows, cropped)  # deterministic
+    assert best_fit(docs, 32) == (rows, cropped, sources)  # deterministic
     lower_bound = -(-sum(map(len, docs)) // 32)
     assert len(rows) <= lower_bound * 1.1  # dense: within 10 % of the fewest rows possible
 
