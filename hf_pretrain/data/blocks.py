@@ -8,6 +8,9 @@ dropped by reason, bytes in and out, seconds. Nothing is dropped without a reaso
 
 How a block marks rows: `process(batch)` returns the batch (same columns, any number of rows:
 a block may split a document) plus a `DROP` column, `""` to keep a row or the reason to drop it.
+Every column rides along (a piece of a split document copies its document's columns), so the
+fields and `doc_id` of the reader (`read.py`) survive the chain; the helper column names are
+reserved (data that has one is refused with the fix).
 Counting reads that column after the map, so counts are right with worker processes (their own
 counters would stay in the workers); for a streaming dataset they are complete once the data has
 been consumed (`stats` fills up as it is iterated).
