@@ -77,8 +77,8 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: in
 
 
 def bytes_per_token(tokenizer: PreTrainedTokenizerFast, texts: Iterable[str]) -> float:
-    """UTF-8 bytes per token over `texts` (higher is a better compression)."""
-    texts = list(texts)
+    """UTF-8 bytes per token over `texts` (higher is a better compression); what is not a string is left out."""
+    texts = [t for t in texts if isinstance(t, str)]
     n_bytes = sum(len(t.encode("utf-8")) for t in texts)
     n_tokens = sum(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
     return n_bytes / max(n_tokens, 1)
