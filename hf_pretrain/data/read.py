@@ -355,7 +355,10 @@ class ReadFiles:
         start = time.perf_counter()
         mine = [(str(p), n, p.stat().st_size, p.stat().st_mtime_ns) for p, n in zip(files, names)][rank::world_size]
         if not mine:
-            raise ValueError(f"rank {rank} of {world_size} has no file to read: {len(files)} file(s) given.")
+            raise ValueError(
+                f"rank {rank} of {world_size} has no file to read: {len(files)} file(s) ({_described(names)}); "
+                "use at most as many ranks as files, or split the files."
+            )
         kwargs = {"files": mine, "text_column": self.text_column, "max_bytes": self.max_bytes}
         features = line_features(self.text_column)
         if streaming:
