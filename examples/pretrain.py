@@ -34,6 +34,9 @@ from hf_pretrain.data import (
     pack_dataset,
     write_embedded_corpus,
 )
+from hf_pretrain.data.packing import check_seq_len
+from hf_pretrain.data.read import list_files
+from hf_pretrain.data.tokenizer import check_vocab_size
 from hf_pretrain.precision import high_precision
 from hf_pretrain.presets import PRESETS, load_config
 
@@ -222,24 +225,48 @@ def base_config(name: str, **overrides) -> PretrainConfig:
     return PretrainConfig(**{**saved, **overrides})
 
 
-def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, seq_len: int) -> PretrainForCausalLM:
+def model_config(model_args: ModelArguments, seq_len: int, tokenizer: PreTrainedTokenizerBase | None = None):
+    """The model's config: the preset with the flags applied, sized for `tokenizer` (the preset's vocabulary
+    without one, to check the flags before any data work)."""
     overrides = {
         k: v
         for k, v in (("window_pattern", model_args.window_pattern), ("sliding_window", model_args.sliding_window))
         if v is not None
     }
+    if tokenizer is not None:
+        overrides.update(
+            vocab_size=64 * math.ceil(len(tokenizer) / 64),
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
     preset = base_config(model_args.preset)
-    config = base_config(
+    return base_config(
         model_args.preset,
-        vocab_size=64 * math.ceil(len(tokenizer) / 64),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
         max_position_embeddings=max(preset.max_position_embeddings, seq_len),
+        attention_backend=model_args.attention_backend,
         **overrides,
     )
-    config.attention_backend = model_args.attention_backend
-    return PretrainForCausalLM(config)
+
+
+def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, seq_len: int) -> PretrainForCausalLM:
+    return PretrainForCausalLM(model_config(model_args, seq_len, tokenizer))
+
+
+def check_arguments(model_args: ModelArguments, data_args: DataArguments) -> None:
+    """Every flag the run uses that can be checked without data, checked before any data work (which takes
+    minutes): the model flags (preset, window pattern, sliding window, attention backend), --seq_len,
+    --vocab_size, --heldout_fraction, --num_proc and --dataset_path."""
+    model_config(model_args, data_args.seq_len)
+    check_seq_len(data_args.seq_len)
+    if data_args.vocab_size is not None and not data_args.tokenizer_name_or_path:
+        check_vocab_size(data_args.vocab_size)
+    if not 0 <= data_args.heldout_fraction < 1:
+        raise ValueError(f"--heldout_fraction={data_args.heldout_fraction}: use a fraction in [0, 1), e.g. 0.05.")
+    if data_args.num_proc is not None and data_args.num_proc < 1:
+        raise ValueError(f"--num_proc={data_args.num_proc}: use a number of worker processes >= 1.")
+    if data_args.dataset_path:
+        list_files(data_args.dataset_path, field="--dataset_path")
 
 
 def sample(model, tokenizer, prompts=PROMPTS, max_new_tokens: int = 24) -> dict[str, str]:
@@ -256,10 +283,13 @@ def sample(model, tokenizer, prompts=PROMPTS, max_new_tokens: int = 24) -> dict[
 
 
 def main(argv: list[str] | None = None) -> dict:
-    model_args, data_args, args = parse_args(argv)
-    dtype, args = resolve_dtype(model_args, args)
-    preset_vocab = base_config(model_args.preset).vocab_size
-    tokenizer, train, heldout = prepare_data(data_args, args, preset_vocab)
+    try:  # bad flags or data: one line naming the flag or file, no traceback
+        model_args, data_args, args = parse_args(argv)
+        dtype, args = resolve_dtype(model_args, args)
+        check_arguments(model_args, data_args)
+        tokenizer, train, heldout = prepare_data(data_args, args, base_config(model_args.preset).vocab_size)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
     set_seed(args.seed)  # the initial weights, not only the data order, follow --seed
     model = build_model(model_args, tokenizer, data_args.seq_len)
     collator = PackedDocumentCollator(tokenizer.eos_token_id, separate_documents=data_args.separate_documents)

@@ -134,3 +134,33 @@ def test_help_lists_every_flag_without_crashing(capsys):
     with pytest.raises(SystemExit) as exit_info:
         example.parse_args(["--help"])
     assert exit_info.value.code == 0 and "--lr_scheduler_type" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--window_pattern", "SXL"], "error: PretrainConfig.window_pattern='SXL' is invalid"),
+        (["--window_pattern", "SL", "--sliding_window", "0"], "error: PretrainConfig.sliding_window=0 is invalid"),
+        (["--seq_len", "4"], "error: seq_len=4 is too small"),
+        (["--attention_backend", "fast"], "error: PretrainConfig.attention_backend='fast' is invalid"),
+        (["--vocab_size", "100"], "error: vocab_size=100 is too small"),
+        (["--heldout_fraction", "1.5"], "error: --heldout_fraction=1.5"),
+        (["--dataset_path", "no/such/corpus"], "error: --dataset_path='no/such/corpus' does not exist"),
+    ],
+)
+def test_flags_are_checked_before_any_data_work(tmp_path, flags, message):
+    example = example_module()
+    with pytest.raises(SystemExit) as exit_info:
+        example.main(["--output_dir", str(tmp_path / "run"), *flags])
+    assert str(exit_info.value.code).startswith(message) and "\n" not in str(exit_info.value.code)
+    assert not (tmp_path / "run" / "data").exists()  # no corpus written, no tokenizer trained
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n"])
+def test_an_empty_or_blank_dataset_is_one_line(tmp_path, content):
+    (tmp_path / "corpus.jsonl").write_text(content)
+    example = example_module()
+    with pytest.raises(SystemExit) as exit_info:
+        example.main(["--output_dir", str(tmp_path / "run"), "--dataset_path", str(tmp_path / "corpus.jsonl")])
+    assert str(exit_info.value.code).startswith("error: No document could be read from ")
+    assert "corpus.jsonl" in str(exit_info.value.code) and "blank" in str(exit_info.value.code)

@@ -8,6 +8,9 @@ dropped by reason, bytes in and out, seconds. Nothing is dropped without a reaso
 
 How a block marks rows: `process(batch)` returns the batch (same columns, any number of rows:
 a block may split a document) plus a `DROP` column, `""` to keep a row or the reason to drop it.
+Every column rides along (a piece of a split document copies its document's columns), so the
+fields and `doc_id` of the reader (`read.py`) survive the chain; the helper column names are
+reserved (data that has one is refused with the fix).
 Counting reads that column after the map, so counts are right with worker processes (their own
 counters would stay in the workers); for a streaming dataset they are complete once the data has
 been consumed (`stats` fills up as it is iterated).
@@ -29,11 +32,16 @@ import pyarrow.compute as pc
 from datasets import Dataset, IterableDataset
 from datasets.distributed import split_dataset_by_node
 
+from .workers import children_die_with_parent
+
 DROP = "_drop"  # reason to drop a row; "" keeps it
 FIRST = "_first"  # True on the first output row of each input document (blocks that split set it)
 BYTES_IN = "_bytes_in"  # the batch's input bytes, carried on its first row
 BYTES_OUT = "_bytes_out"  # UTF-8 bytes of the row's text after the block
 HELPER_COLUMNS = [DROP, FIRST, BYTES_IN, BYTES_OUT]
+# A row that stands for nothing, never counted: a generator that found no line yields one, because datasets
+# cannot build a dataset from a generator that yields no row (the "No document could be read" error follows).
+PLACEHOLDER = "_placeholder"
 
 
 @dataclass
@@ -63,19 +71,32 @@ class BlockStats:
         )
 
 
-def text_bytes(texts: list[str | None]) -> list[int]:
-    return [len(t.encode("utf-8", "surrogatepass")) if t else 0 for t in texts]
+def text_bytes(texts: list) -> list[int]:
+    """UTF-8 bytes of each text; 0 for what is not a string (None, a number: the blocks drop it as `not_text`)."""
+    return [len(t.encode("utf-8", "surrogatepass")) if isinstance(t, str) else 0 for t in texts]
+
+
+def check_rank(rank: int, world_size: int) -> None:
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} is invalid for world_size={world_size}: use 0 <= rank < world_size.")
+
+
+def shard_range(num_rows: int, rank: int, world_size: int) -> tuple[int, int]:
+    """[start, stop) of this rank's contiguous rows: the first `num_rows % world_size` ranks get one row more."""
+    check_rank(rank, world_size)
+    size, extra = divmod(num_rows, world_size)
+    start = rank * size + min(rank, extra)
+    return start, start + size + (rank < extra)
 
 
 def shard(data: Dataset | IterableDataset, rank: int, world_size: int) -> Dataset | IterableDataset:
     """This rank's part of `data` (contiguous for a Dataset, so the order within a shard is kept)."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} is invalid for world_size={world_size}: use 0 <= rank < world_size.")
+    check_rank(rank, world_size)
     if world_size == 1:
         return data
     if isinstance(data, IterableDataset):
         return split_dataset_by_node(data, rank=rank, world_size=world_size)
-    return data.shard(num_shards=world_size, index=rank, contiguous=True)
+    return data.select(range(*shard_range(len(data), rank, world_size)))
 
 
 def count_and_keep(marked: Dataset, stats: BlockStats, num_proc: int | None = None) -> Dataset:
@@ -86,7 +107,8 @@ def count_and_keep(marked: Dataset, stats: BlockStats, num_proc: int | None = No
     stats.documents_in = pc.sum(table.column(FIRST)).as_py() or 0
     stats.bytes_in = pc.sum(table.column(BYTES_IN)).as_py() or 0
     stats.bytes_out = pc.sum(pc.if_else(keep, table.column(BYTES_OUT), 0)).as_py() or 0
-    stats.dropped = {c["values"]: c["counts"] for c in pc.value_counts(drop).to_pylist() if c["values"]}
+    counts = pc.value_counts(drop).to_pylist()
+    stats.dropped = {c["values"]: c["counts"] for c in counts if c["values"] not in ("", PLACEHOLDER)}
     kept = marked.filter(lambda d: [x == "" for x in d], input_columns=[DROP], batched=True, num_proc=num_proc)
     kept = kept.remove_columns(HELPER_COLUMNS)
     stats.documents_out = len(kept)
@@ -100,6 +122,8 @@ def count_and_keep_streaming(marked: IterableDataset, stats: BlockStats, start: 
         stats.documents_in += bool(row[FIRST])
         stats.bytes_in += row[BYTES_IN]
         stats.seconds = time.perf_counter() - start
+        if row[DROP] == PLACEHOLDER:
+            return False
         if row[DROP]:
             stats.dropped[row[DROP]] = stats.dropped.get(row[DROP], 0) + 1
             return False
@@ -138,6 +162,7 @@ class Block(ABC):
         out[BYTES_OUT] = text_bytes(out[self.text_column])
         return out
 
+    @children_die_with_parent()
     def run(
         self, data: Dataset | IterableDataset, rank: int = 0, world_size: int = 1, num_proc: int | None = None
     ) -> Dataset | IterableDataset:
@@ -146,6 +171,11 @@ class Block(ABC):
         if data.column_names is not None and self.text_column not in data.column_names:
             raise ValueError(
                 f"{self.name}: text_column={self.text_column!r} is not in the data; columns are {data.column_names}."
+            )
+        taken = sorted(set(HELPER_COLUMNS) & set(data.column_names or ()))
+        if taken:
+            raise ValueError(
+                f"{self.name}: the data has column(s) {taken}, names the blocks use themselves; rename them."
             )
         self.stats = BlockStats(self.name)
         start = time.perf_counter()

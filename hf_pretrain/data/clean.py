@@ -2,7 +2,8 @@
 
 Rules, in the order they run (the first rule a document fails is its one drop reason):
 
-1. `empty`: the text is None, not a string, or only whitespace (also after the rewrites).
+1. `not_text`: the text is None or not a string (a number, a list), as the reader counts it;
+   `empty`: the text is only whitespace (also after the rewrites).
 2. `too_large`: more than `max_bytes` UTF-8 bytes (default 10 MB), checked before any regex, so a
    50 MB document never stalls a worker.
 3. Rewrites, which never drop on their own: HTML (`<script>`/`<style>` blocks with their content,
@@ -405,7 +406,7 @@ class Clean(Block):
     def clean_document(self, text: Any) -> tuple[list[tuple[str, str, int]], dict[str, int]]:
         """One input document as (text, drop reason or "", tokens) pieces, and its rewrite counts."""
         if not isinstance(text, str):
-            return [("", "empty", 0)], {}
+            return [("", "not_text", 0)], {}
         if self._too_large(text):
             return [("", "too_large", 0)], {}
         text, counts = self.rewrite(text) if text.strip() else ("", {})

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from .blocks import BlockStats
+from .pipeline import check_section, settable_keys
 from .read import ReadFiles
+from .workers import children_die_with_parent
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +61,11 @@ def clean(argv: list[str]) -> list[BlockStats]:
     _common(parser)
     parser.add_argument("--config", default=None, help="CleanConfig fields as JSON, e.g. '{\"min_tokens\": 16}'")
     args = parser.parse_args(argv)
-    config = CleanConfig(**json.loads(args.config or "{}"))
+    try:
+        values = json.loads(args.config or "{}")
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--config is not valid JSON ({err}); e.g. --config '{{\"min_tokens\": 16}}'.") from None
+    config = CleanConfig(**check_section("--config", values, settable_keys(CleanConfig)))
     return _run_blocks(args, [Clean(config, text_column=args.text_column)])
 
 
@@ -161,8 +168,14 @@ COMMANDS = {
 
 
 def main(argv: list[str]) -> int:
+    """Run one command; bad input (a missing path, a bad config, nothing to read) is one line on stderr, exit 2."""
     if not argv or argv[0] not in COMMANDS:
         print(f"usage: hf-pretrain data {{{','.join(COMMANDS)}}} [options]   (hf-pretrain data COMMAND --help)")
         return 2
-    COMMANDS[argv[0]](argv[1:])
+    try:
+        with children_die_with_parent():
+            COMMANDS[argv[0]](argv[1:])
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0

@@ -19,9 +19,9 @@ import inspect
 import json
 from pathlib import Path
 
-from datasets import Dataset, DatasetDict, load_from_disk
+from datasets import DatasetDict
 
-from .read import ReadFiles, list_files
+from .read import read_splits
 
 STDLIB_MODULES = (
     "argparse",
@@ -119,23 +119,11 @@ def load_text_dataset(
     """Load the user's data: jsonl/json/text/parquet/arrow files, a folder of them, or a `save_to_disk` folder.
 
     Returns a `DatasetDict` with `train` and `heldout`; an existing `heldout`/`validation`/`test` split is
-    used as is, otherwise documents are split by hash (see `is_heldout`). Lines that are not documents
-    (malformed JSON, invalid UTF-8, ...) are dropped by `ReadFiles` and their counts printed.
+    used as is, otherwise documents are split by hash (see `is_heldout`). Every split goes through the reader
+    (`read.py`): lines and rows that are not documents (malformed JSON, invalid UTF-8, null or non-string text,
+    ...) are dropped and their counts printed, every field is kept and each document gets its `doc_id`.
     """
-    kind, _ = list_files(path, field="dataset_path")
-    if kind == "disk":
-        data = load_from_disk(str(path))
-    else:
-        reader = ReadFiles(text_column)
-        data = reader.run(path, num_proc=num_proc)
-        if reader.stats.dropped:
-            print(f"[data] {path}: {reader.stats.summary()}")
-    if isinstance(data, Dataset):
-        data = DatasetDict(train=data)
-    if text_column not in data["train"].column_names:
-        raise ValueError(
-            f"text_column={text_column!r} is not in the data; columns are {data['train'].column_names}. Pass --text_column."
-        )
+    data = read_splits(path, text_column, num_proc)
     for name in ("heldout", "validation", "test"):
         if name in data:
             return DatasetDict(train=data["train"], heldout=data[name])

@@ -70,6 +70,7 @@ import xxhash
 from datasets import Dataset, IterableDataset
 
 from .blocks import DROP, Block, BlockStats, shard
+from .workers import children_die_with_parent
 
 EXACT = "exact_duplicate"
 NEAR = "near_duplicate"
@@ -459,6 +460,7 @@ class _GlobalDedup(Block):
         out[DROP] = [REASONS[code] for code in self.codes[np.asarray(batch[ROW], np.int64)]]
         return out
 
+    @children_die_with_parent()
     def run(
         self, data: Dataset | IterableDataset, rank: int = 0, world_size: int = 1, num_proc: int | None = None
     ) -> Dataset:

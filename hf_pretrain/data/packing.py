@@ -16,11 +16,17 @@ uses 256):
   multiple of 8 (`pad_to_multiple_of`). `padding_to_block` reports what padding every row to
   `seq_len` would cost and `padding_multiple_of_8` what rounding each row costs.
 
+Provenance: every block keeps `doc_ids`, the `doc_id` (see `read.py`) of each document with tokens
+in it, in order (a document cut at a block edge is in both blocks); data without a `doc_id` or
+`id` column (a `Dataset` built in memory) names its documents by position, `input[17]`. Only
+`input_ids` reach the model: the Trainer drops other columns (`remove_unused_columns`) and
+`PackedDocumentCollator` reads nothing else.
+
 Counters (`Pack.stats`, a `BlockStats`): documents in, blocks out, `tokens` (with EOS),
 `packed_tokens`, `tail_tokens_dropped` (concat), `cropped_documents`, `padding_to_block`,
-`padding_multiple_of_8` (best_fit). No token is lost or duplicated except the reported tail
-(tested). The counters are carried in helper columns on each batch's first row, so they are
-right with worker processes.
+`padding_multiple_of_8` (best_fit); texts that are not strings are dropped as `not_text`. No token
+is lost or duplicated except the reported tail (tested). The counters are carried in helper
+columns on each batch's first row, so they are right with worker processes.
 
 `pack_dataset` caches the packed dataset with `save_to_disk` under a key made of the source
 dataset's fingerprint, the tokenizer's hash, the mode and `seq_len`, so a second run reuses it.
@@ -30,6 +36,7 @@ Written by hand: `datasets` and `transformers` have the tokenization, not the pa
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import json
 import time
@@ -41,9 +48,18 @@ from datasets import Dataset, load_from_disk
 from transformers import PreTrainedTokenizerBase
 
 from .blocks import BlockStats, shard
+from .read import ID_FIELDS, own_id
+from .workers import children_die_with_parent
 
 MODES = ("concat", "best_fit")
-COUNTERS = ("_documents", "_tokens", "_tail", "_cropped", "_bytes")
+COUNTERS = ("_documents", "_tokens", "_tail", "_cropped", "_bytes", "_not_text")
+PACK_VERSION = "pack-2"  # in the cache key: a new output format never reuses an old cache
+DOC_IDS = "doc_ids"  # per block: the doc_id of each document with tokens in it, in order
+
+
+def check_seq_len(seq_len: int) -> None:
+    if not isinstance(seq_len, int) or seq_len < 8:
+        raise ValueError(f"seq_len={seq_len} is too small; use at least 8 (4096 is typical).")
 
 
 def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -53,30 +69,53 @@ def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
     return hashlib.sha1(state.encode("utf-8")).hexdigest()[:16]
 
 
-def best_fit(documents: list[list[int]], seq_len: int) -> tuple[list[list[int]], int]:
+def best_fit(documents: list[list[int]], seq_len: int) -> tuple[list[list[int]], int, list[list[int]]]:
     """Best-fit decreasing: rows of whole documents (longer ones cropped into `seq_len` pieces); returns
-    (rows, documents cropped). Deterministic: ties go to the earliest opened row."""
-    pieces, cropped = [], 0
-    for doc in documents:
+    (rows, documents cropped, the index in `documents` of each piece of each row, in row order).
+    Deterministic: ties go to the earliest opened row."""
+    pieces, owners, cropped = [], [], 0
+    for index, doc in enumerate(documents):
         if len(doc) > seq_len:
             cropped += 1
-            pieces += [doc[i : i + seq_len] for i in range(0, len(doc), seq_len)]
+            cut = [doc[i : i + seq_len] for i in range(0, len(doc), seq_len)]
         else:
-            pieces.append(doc)
+            cut = [doc]
+        pieces += cut
+        owners += [index] * len(cut)
     order = sorted(range(len(pieces)), key=lambda i: (-len(pieces[i]), i))
     rows: list[list[int]] = []
+    sources: list[list[int]] = []
     room: list[tuple[int, int]] = []  # (free tokens, row index), sorted
     for i in order:
         need = len(pieces[i])
         at = bisect.bisect_left(room, (need, -1))
         if at == len(room):  # nothing fits: open a row
             rows.append(list(pieces[i]))
+            sources.append([owners[i]])
             bisect.insort(room, (seq_len - need, len(rows) - 1))
             continue
         free, row = room.pop(at)
         rows[row] += pieces[i]
+        sources[row].append(owners[i])
         bisect.insort(room, (free - need, row))
-    return rows, cropped
+    return rows, cropped, sources
+
+
+def concat_sources(lengths: list[int], seq_len: int, blocks: int) -> list[list[int]]:
+    """For `blocks` blocks cut from the concatenated documents of `lengths` tokens: the documents in each block."""
+    sources, doc, doc_start = [], 0, 0
+    for block in range(blocks):
+        start, end = block * seq_len, (block + 1) * seq_len
+        while doc_start + lengths[doc] <= start:  # documents that ended before this block
+            doc_start += lengths[doc]
+            doc += 1
+        inside, first, first_start = [], doc, doc_start
+        while first < len(lengths) and first_start < end:
+            inside.append(first)
+            first_start += lengths[first]
+            first += 1
+        sources.append(inside)
+    return sources
 
 
 class Pack:
@@ -98,41 +137,55 @@ class Pack:
             raise ValueError(
                 "The tokenizer has no eos_token: packing needs one to separate documents. Set tokenizer.eos_token."
             )
-        if seq_len < 8:
-            raise ValueError(f"seq_len={seq_len} is too small; use at least 8 (4096 is typical).")
+        check_seq_len(seq_len)
         self.tokenizer, self.seq_len, self.mode = tokenizer, seq_len, mode
         self.text_column, self.batch_size = text_column, batch_size
         self.stats = BlockStats(self.name)
 
-    def _pack(self, batch: dict) -> dict:
-        ids = self.tokenizer(batch[self.text_column], add_special_tokens=False)["input_ids"]
+    def _pack(self, *args, inputs: list[str]) -> dict:
+        """A batch of documents -> its blocks; `args` are the `inputs` columns, then the rows' indices."""
+        *columns, indices = args
+        batch = dict(zip(inputs, columns))
+        texts = batch[self.text_column]
+        good = [i for i, text in enumerate(texts) if isinstance(text, str)]
+        names = [
+            own_id({name: batch[name][i] for name in ID_FIELDS if name in batch}) or f"input[{indices[i]}]"
+            for i in good
+        ]
+        ids = self.tokenizer([texts[i] for i in good], add_special_tokens=False)["input_ids"] if good else []
         docs = [doc + [self.tokenizer.eos_token_id] for doc in ids]
         tokens = sum(len(d) for d in docs)
         if self.mode == "concat":
             stream = [t for d in docs for t in d]
             usable = len(stream) - len(stream) % self.seq_len
-            rows, tail, cropped = (
-                [stream[i : i + self.seq_len] for i in range(0, usable, self.seq_len)],
-                len(stream) - usable,
-                0,
-            )
+            rows = [stream[i : i + self.seq_len] for i in range(0, usable, self.seq_len)]
+            tail, cropped = len(stream) - usable, 0
+            sources = concat_sources([len(d) for d in docs], self.seq_len, len(rows))
         else:
-            (rows, cropped), tail = best_fit(docs, self.seq_len), 0
-        counters = [len(docs), tokens, tail, cropped, sum(len(t.encode("utf-8")) for t in batch[self.text_column])]
-        out = {"input_ids": rows or [[]]}  # an empty marker row carries the counters of a batch that packs nothing
+            (rows, cropped, sources), tail = best_fit(docs, self.seq_len), 0
+        text_bytes = sum(len(texts[i].encode("utf-8", "surrogatepass")) for i in good)
+        counters = [len(texts), tokens, tail, cropped, text_bytes, len(texts) - len(good)]
+        # an empty marker row carries the counters of a batch that packs nothing
+        out = {"input_ids": rows or [[]], DOC_IDS: [[names[j] for j in src] for src in sources] or [[]]}
         for name, value in zip(COUNTERS, counters, strict=True):
             out[name] = [value] + [0] * (len(out["input_ids"]) - 1)
         return out
 
+    @children_die_with_parent()
     def run(self, data: Dataset, rank: int = 0, world_size: int = 1, num_proc: int | None = None) -> Dataset:
         data = shard(data, rank, world_size)
         if self.text_column not in data.column_names:
             raise ValueError(f"text_column={self.text_column!r} is not in the data; columns are {data.column_names}.")
+        if len(data) == 0:
+            raise ValueError(f"No {self.seq_len}-token block could be packed: the data has no document; add data.")
         start = time.perf_counter()
+        inputs = [c for c in (self.text_column, *ID_FIELDS) if c in data.column_names]
         marked = data.map(
-            self._pack,
+            functools.partial(self._pack, inputs=inputs),
             batched=True,
             batch_size=self.batch_size,
+            with_indices=True,
+            input_columns=inputs,
             num_proc=num_proc,
             remove_columns=data.column_names,
             desc=f"pack {self.mode} {self.seq_len}",
@@ -148,7 +201,7 @@ class Pack:
             documents_in=sums["_documents"],
             documents_out=rows,
             bytes_in=sums["_bytes"],
-            dropped={"tail_tokens": sums["_tail"]} if sums["_tail"] else {},
+            dropped={name: n for name, n in (("not_text", sums["_not_text"]), ("tail_tokens", sums["_tail"])) if n},
             seconds=time.perf_counter() - start,
             extra={
                 "mode": self.mode,
@@ -182,7 +235,7 @@ def pack_dataset(
 ) -> tuple[Dataset, BlockStats]:
     """Packed blocks (column `input_ids`) and their counters; reused from `cache_dir` when the inputs match
     (`stats.extra["reused_cache"]`)."""
-    key = f"{dataset._fingerprint}-{tokenizer_hash(tokenizer)}-{seq_len}-{batch_size}-{mode}"
+    key = f"{PACK_VERSION}-{dataset._fingerprint}-{tokenizer_hash(tokenizer)}-{seq_len}-{batch_size}-{mode}"
     path = Path(cache_dir) / f"packed-{hashlib.sha1(key.encode()).hexdigest()[:16]}"
     stats_path = path / "pack_stats.json"
     if stats_path.exists():

@@ -47,13 +47,16 @@ def valid_utf8(text: str) -> bool:
     return True
 
 
+def check_vocab_size(vocab_size: int) -> None:
+    least = len(pre_tokenizers.ByteLevel.alphabet()) + len(SPECIAL_TOKENS)
+    if vocab_size < least:
+        raise ValueError(f"vocab_size={vocab_size} is too small: byte-level BPE needs at least {least}.")
+
+
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE of `vocab_size` tokens (special tokens included) on `texts`."""
+    check_vocab_size(vocab_size)
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    if vocab_size < len(alphabet) + len(SPECIAL_TOKENS):
-        raise ValueError(
-            f"vocab_size={vocab_size} is too small: byte-level BPE needs at least {len(alphabet) + len(SPECIAL_TOKENS)}."
-        )
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -74,8 +77,8 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, min_frequency: in
 
 
 def bytes_per_token(tokenizer: PreTrainedTokenizerFast, texts: Iterable[str]) -> float:
-    """UTF-8 bytes per token over `texts` (higher is a better compression)."""
-    texts = list(texts)
+    """UTF-8 bytes per token over `texts` (higher is a better compression); what is not a string is left out."""
+    texts = [t for t in texts if isinstance(t, str)]
     n_bytes = sum(len(t.encode("utf-8")) for t in texts)
     n_tokens = sum(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
     return n_bytes / max(n_tokens, 1)

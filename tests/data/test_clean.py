@@ -183,14 +183,14 @@ def test_split_with_a_transformers_tokenizer():
 def test_bad_input_is_counted_not_fatal():
     huge = "word " * 2_200_000  # 11 MB
     out = Clean().process({"text": [None, "", " \n\t ", 5, huge, GOOD], "id": [0, 1, 2, 3, 4, 5]})
-    assert out[DROP] == ["empty", "empty", "empty", "empty", "too_large", ""]
+    assert out[DROP] == ["not_text", "empty", "empty", "not_text", "too_large", ""]
     assert out["id"] == [0, 1, 2, 3, 4, 5] and out[FIRST] == [True] * 6
     assert out["text"][4] == ""  # a dropped row carries no text
     data = Dataset.from_dict({"text": [None, huge, GOOD, "<p></p>"]})
     block = Clean()
     kept = block.run(data)
     assert kept["text"] == [GOOD]
-    assert block.stats.dropped == {"empty": 2, "too_large": 1}
+    assert block.stats.dropped == {"not_text": 1, "empty": 1, "too_large": 1}
     assert block.stats.documents_in == 4 and block.stats.bytes_in > 11_000_000
     accents = GOOD.replace("a", "\u00e9")  # 2 bytes a character: the limit is in bytes
     assert reason(accents, CleanConfig(max_bytes=len(accents) + 10)) == "too_large"
@@ -226,7 +226,7 @@ def run_clean(data, **kwargs):
 def test_counters_are_the_same_with_worker_processes_and_streaming():
     data = Dataset.from_dict({"text": mixed_documents(60), "id": list(range(60))})
     rows, stats = run_clean(data)
-    assert stats.dropped == {"too_short": 10, "empty": 10, "duplicate_lines": 10}
+    assert stats.dropped == {"too_short": 10, "not_text": 10, "duplicate_lines": 10}
     assert stats.documents_in == 60 and stats.documents_out == len(rows) == 10 + 10 + 2 * 10
     assert stats.extra == {
         "urls_removed": 10,

@@ -2,6 +2,9 @@
 
 import json
 
+from datasets import load_from_disk
+from transformers import AutoTokenizer
+
 from hf_pretrain.cli import main
 from hf_pretrain.data import embedded_documents
 from hf_pretrain.data.pipeline import load_packed
@@ -58,3 +61,79 @@ def test_single_steps_from_the_command_line(tmp_path):
     assert read["block"] == "read" and clean["block"] == "clean" and clean["documents_in"] == read["documents_out"]
     _, exact, near = json.loads((tmp_path / "dedup" / "stats.json").read_text())
     assert exact["dropped"]["exact_duplicate"] >= 20 and near["block"] == "minhash_dedup"
+
+
+def test_fields_survive_the_chain_and_blocks_name_their_documents(tmp_path):
+    """read -> clean -> dedup -> split -> pack keeps every field of the kept records, and each packed block
+    holds exactly the documents its doc_ids name, in order."""
+    docs = embedded_documents()[:120]
+    recs = [
+        {"id": f"doc-{i}", "text": d, "url": f"https://example.com/{i}", "meta": {"source": "pydoc", "n": i}}
+        for i, d in enumerate(docs)
+    ]
+    recs += [{**recs[3], "id": "copy-of-3"}]  # an exact duplicate: dropped by dedup, fields and all
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    config = {
+        "input": str(raw),
+        "output_dir": str(tmp_path / "out"),
+        "num_proc": 2,
+        "heldout_fraction": 0.1,
+        "clean": {"min_tokens": 1},
+        "tokenizer": {"vocab_size": 400},
+        "pack": {"seq_len": 4096, "mode": "best_fit"},
+    }
+    (tmp_path / "pipeline.json").write_text(json.dumps(config))
+    assert main(["data", "prepare", str(tmp_path / "pipeline.json")]) == 0
+    by_id = {r["id"]: r for r in recs}
+    split = load_from_disk(str(tmp_path / "out" / "05-split" / "data"))
+    kept = [row for name in ("train", "heldout") for row in split[name]]
+    assert "copy-of-3" not in {row["doc_id"] for row in kept} and len(kept) >= 100
+    for row in kept:  # every field as it was in the file (clean rewrites only the text)
+        original = by_id[row["doc_id"]]
+        assert {k: row[k] for k in ("id", "url", "meta")} == {k: original[k] for k in ("id", "url", "meta")}
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "out" / "06-tokenizer" / "tokenizer"))
+    for name in ("train", "heldout"):
+        text_of = {row["doc_id"]: row["text"] for row in split[name]}
+        packed = load_packed(tmp_path / "out")[name]
+        assert sorted(i for ids in packed["doc_ids"] for i in ids) == sorted(text_of)  # each document once
+        for block in packed:
+            named = tokenizer([text_of[i] for i in block["doc_ids"]], add_special_tokens=False)["input_ids"]
+            assert block["input_ids"] == [t for ids in named for t in (*ids, tokenizer.eos_token_id)]
+
+
+def error_line(capsys) -> str:
+    """The one line the command printed for bad input: the last of stderr (datasets' progress bars come before)."""
+    err = capsys.readouterr().err
+    line = err.rstrip("\n").split("\n")[-1].split("\r")[-1]
+    assert line.startswith("error: ") and err.endswith(line + "\n"), err[-2000:]
+    return line
+
+
+def test_bad_input_is_one_line_naming_the_path_or_the_key(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["data", "clean", "--input", str(tmp_path / "missing"), "--output", str(out)]) == 2
+    assert error_line(capsys) == f"error: input={str(tmp_path / 'missing')!r} does not exist; " + (
+        "pass a file, a folder of files or a save_to_disk folder."
+    )
+    (tmp_path / "empty.jsonl").write_text("\n \n")
+    assert main(["data", "dedup", "--input", str(tmp_path / "empty.jsonl"), "--output", str(out)]) == 2
+    line = error_line(capsys)
+    assert line.startswith("error: No document could be read from ") and "empty.jsonl" in line and "blank" in line
+    dirty_corpus(tmp_path / "raw")
+    clean = ["data", "clean", "--input", str(tmp_path / "raw"), "--output", str(out)]
+    assert main([*clean, "--config", '{"min_token": 16}']) == 2
+    line = error_line(capsys)
+    assert "unknown key(s) ['min_token']" in line and "'min_tokens'" in line
+    config = {"input": str(tmp_path / "raw"), "output_dir": str(out)}
+    for section, values, expected in [
+        ("clean", {"min_token": 16}, "section 'clean' has unknown key(s) ['min_token']; valid keys are ["),
+        ("dedup", {"treshold": 0.7}, "section 'dedup' has unknown key(s) ['treshold']; valid keys are ["),
+        ("tokenizer", {"vocab": 512}, "section 'tokenizer' has unknown key(s) ['vocab']; valid keys are ["),
+        ("pack", {"seq_len": 4}, "section 'pack': seq_len=4 is too small"),
+        ("perplexity", {"threshold": 100}, "section 'perplexity' lacks ['model_path']"),
+    ]:
+        (tmp_path / "p.json").write_text(json.dumps({**config, section: values}))
+        assert main(["data", "prepare", str(tmp_path / "p.json")]) == 2
+        assert error_line(capsys).startswith(f"error: {tmp_path / 'p.json'}: {expected}")
+        assert not out.exists()  # refused before any data work

@@ -1,9 +1,13 @@
-"""The reader counts every line that cannot be a document, the same way for a Dataset and a stream."""
+"""The reader keeps every field, names every document and counts every line that cannot be one (Dataset and stream)."""
 
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from datasets import Dataset, DatasetDict
 
+from hf_pretrain.data import load_text_dataset
 from hf_pretrain.data.read import ReadFiles
 
 BAD = {"malformed_json": 1, "missing_text": 1, "not_text": 1, "empty": 1, "invalid_utf8": 1, "too_large": 1}
@@ -41,3 +45,150 @@ def test_nothing_readable_is_an_error_that_names_the_fields(tmp_path):
         ValueError, match=r"text_column='text' is not a field of the records; fields are \['body', 'id'\]"
     ):
         ReadFiles().run(tmp_path)
+
+
+# --- every field kept, an id per document -------------------------------------------------------------
+
+
+def records(n: int = 2500) -> list[dict]:
+    """Records as crawls write them: ids, URLs, nested metadata whose keys change after the first 1,000 records
+    (past a batch boundary), a field with values of mixed types, records without an id."""
+    out = []
+    for i in range(n):
+        record = {"id": i, "text": f"document {i} " + "word " * (i % 7), "url": f"https://example.com/{i}"}
+        record["meta"] = {"lang": "en", "score": i / 10} if i < 1000 else {"lang": "fr", "source": {"crawl": i}}
+        if i % 3 == 0:
+            record["mixed"] = i if i % 2 else f"s{i}"  # an int here, a string there: kept as JSON
+        if i % 500 == 7:
+            del record["id"]
+        out.append(record)
+    return out
+
+
+def expected_row(record: dict, line: int, name: str = "a.jsonl") -> dict:
+    doc_id = str(record["id"]) if "id" in record else f"{name}:{line}"
+    return {**record, "doc_id": doc_id}
+
+
+@pytest.mark.parametrize("streaming, num_proc", [(False, None), (False, 2), (True, None)])
+def test_every_field_of_a_jsonl_record_is_kept_with_a_doc_id(tmp_path, streaming, num_proc):
+    recs = records()
+    lines = [json.dumps(r) for r in recs]
+    lines.insert(5, "")  # a blank line: no document, but it is line 6 of the file
+    lines.insert(20, "{broken")
+    (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
+    reader = ReadFiles()
+    rows = list(reader.run(tmp_path, num_proc=num_proc, streaming=streaming))
+    assert reader.stats.dropped == {"malformed_json": 1}
+    numbers = [i + 1 + (i >= 5) + (i >= 19) for i in range(len(recs))]  # line numbers, counted from 1
+    expected = [expected_row(r, n) for r, n in zip(recs, numbers)]
+    if streaming:  # a stream has no schema: each row holds the fields of its own record
+        assert rows == expected
+    else:  # one schema: absent fields are None (nested ones too)
+        for row, want in zip(rows, expected, strict=True):
+            assert _without_nones(row) == _without_nones(want)
+        assert rows[7]["doc_id"] == "a.jsonl:9" and rows[1000]["meta"] == {
+            "lang": "fr",
+            "score": None,
+            "source": {"crawl": 1000},
+        }
+        assert {type(r["mixed"]) for r in rows} == {int, str, type(None)}
+
+
+def _without_nones(value):
+    if isinstance(value, dict):
+        return {k: _without_nones(v) for k, v in value.items() if v is not None}
+    return value
+
+
+def test_a_records_own_doc_id_wins_and_leaves_the_fields(tmp_path):
+    (tmp_path / "a.jsonl").write_text(
+        json.dumps({"text": "x", "doc_id": "D1", "id": 5}) + "\n" + json.dumps({"text": "y", "id": {"k": 1}}) + "\n"
+    )
+    rows = list(ReadFiles().run(tmp_path))
+    assert [(r["doc_id"], r["id"]) for r in rows] == [("D1", 5), ('{"k": 1}', {"k": 1})]
+
+
+def test_typed_inputs_keep_their_columns_and_name_rows_by_file(tmp_path):
+    for part in range(2):
+        table = pa.table({"text": [f"p{part} r{r}" for r in range(3)], "meta": [{"n": r} for r in range(3)]})
+        pq.write_table(table, tmp_path / f"part-{part}.parquet")
+    for streaming, world_size in [(False, 1), (True, 1), (False, 2), (True, 2)]:
+        rows = []
+        for rank in range(world_size):
+            rows += list(ReadFiles().run(tmp_path, rank=rank, world_size=world_size, streaming=streaming))
+        ids = sorted(r["doc_id"] for r in rows)
+        assert ids == [f"part-{p}.parquet[{r}]" for p in range(2) for r in range(3)], (streaming, world_size)
+        assert all(r["meta"] == {"n": int(r["doc_id"][-2])} for r in rows)
+    Dataset.from_dict({"text": ["a b", "c d"], "id": [10, 11]}).save_to_disk(str(tmp_path / "saved"))
+    assert ReadFiles().run(tmp_path / "saved")["doc_id"] == ["10", "11"]
+    Dataset.from_dict({"text": ["a b", "c d"]}).save_to_disk(str(tmp_path / "plain"))
+    assert ReadFiles().run(tmp_path / "plain")["doc_id"] == ["plain[0]", "plain[1]"]
+
+
+# --- faults: byte order marks, empty inputs, text that is not text ----------------------------------------
+
+
+@pytest.mark.parametrize("streaming, num_proc", [(False, None), (False, 2), (True, None)])
+def test_lines_with_a_byte_order_mark_are_read(tmp_path, streaming, num_proc):
+    bom = b"\xef\xbb\xbf"
+    first = bom + json.dumps({"text": "first", "id": "a"}).encode() + b"\r\n"
+    (tmp_path / "a.jsonl").write_bytes(first + b'{"text": "second"}\n' + bom + b'{"text": "third", "id": "c"}\n')
+    (tmp_path / "b.jsonl").write_bytes(bom + b"\n" + bom + b'{"text": "fourth"}\n')  # a BOM-only line is blank
+    reader = ReadFiles()
+    rows = list(reader.run(tmp_path, num_proc=num_proc, streaming=streaming))
+    assert [r["text"] for r in rows] == ["first", "second", "third", "fourth"]
+    assert [r["doc_id"] for r in rows] == ["a", "a.jsonl:2", "c", "b.jsonl:2"]
+    assert reader.stats.dropped == {} and reader.stats.documents_in == 4
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n  \n\t\n", b"\xef\xbb\xbf\n"])
+@pytest.mark.parametrize("num_proc", [None, 2])
+def test_empty_or_blank_files_are_one_clear_error(tmp_path, content, num_proc):
+    for name in ("a.jsonl", "b.jsonl"):
+        (tmp_path / name).write_bytes(content)
+    with pytest.raises(ValueError, match=r"^No document could be read from '.*a.jsonl', '.*b.jsonl': .*blank") as err:
+        ReadFiles().run(tmp_path, num_proc=num_proc)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="^No document could be read"):
+        load_text_dataset(tmp_path / "a.jsonl")
+
+
+def test_a_folder_without_input_files_is_the_same_error(tmp_path):
+    (tmp_path / "notes.csv").write_text("a,b\n")
+    with pytest.raises(ValueError, match=r"^No document could be read from input=.*no file named \*\.jsonl"):
+        ReadFiles().run(tmp_path)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_null_text_in_typed_inputs_is_counted_as_not_text(tmp_path, streaming):
+    table = pa.table({"text": ["a document", None, "another one", "  "], "id": [1, 2, 3, 4]})
+    pq.write_table(table, tmp_path / "a.parquet")
+    with pa.OSFile(str(tmp_path / "b.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    Dataset(table).save_to_disk(str(tmp_path / "saved"))
+    for path in (tmp_path / "a.parquet", tmp_path / "b.arrow", tmp_path / "saved"):
+        reader = ReadFiles()
+        rows = list(reader.run(path, streaming=streaming))
+        assert [(r["text"], r["doc_id"]) for r in rows] == [("a document", "1"), ("another one", "3")], path
+        assert reader.stats.dropped == {"not_text": 1, "empty": 1} and reader.stats.documents_in == 4
+
+
+def test_a_typed_text_column_of_numbers_is_one_clear_error(tmp_path):
+    pq.write_table(pa.table({"text": [1, 2, 3], "body": ["a", "b", "c"]}), tmp_path / "a.parquet")
+    with pytest.raises(ValueError, match=r"No document could be read .* 3 not_text\. The 'text' column holds no text"):
+        ReadFiles().run(tmp_path / "a.parquet")
+
+
+def test_the_main_jobs_loader_skips_null_text(tmp_path, capsys):
+    """`is_heldout` crashed on None: the loader now reads through the reader, for every split."""
+    pq.write_table(pa.table({"text": [f"document {i}" if i % 4 else None for i in range(40)]}), tmp_path / "a.parquet")
+    splits = load_text_dataset(tmp_path / "a.parquet", heldout_fraction=0.2)
+    assert len(splits["train"]) + len(splits["heldout"]) == 30
+    assert "not_text 10" in capsys.readouterr().out
+    DatasetDict(
+        train=Dataset.from_dict({"text": ["a", None, "b"]}), test=Dataset.from_dict({"text": [None, "c"]})
+    ).save_to_disk(str(tmp_path / "saved"))
+    splits = load_text_dataset(tmp_path / "saved")
+    assert splits["train"]["text"] == ["a", "b"] and splits["heldout"]["text"] == ["c"]
+    assert splits["heldout"]["doc_id"] == ["saved/test[1]"]

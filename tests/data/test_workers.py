@@ -1,0 +1,116 @@
+"""`kill -9` of `hf-pretrain data prepare` in the middle of a multi-process map leaves no process behind."""
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from hf_pretrain.data import embedded_documents
+from hf_pretrain.data.workers import children_die_with_parent
+
+DEADLINE_S = 240
+
+
+def corpus(path, copies: int = 12) -> None:
+    """Distinct documents (each copy numbered) so that every step has real work for a few seconds."""
+    docs = embedded_documents()
+    with path.open("w") as f:
+        for copy in range(copies):
+            for i, doc in enumerate(docs):
+                f.write(json.dumps({"text": f"Copy {copy} of {i}.\n{doc}", "id": f"{copy}-{i}"}) + "\n")
+
+
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def forked(parent: psutil.Process) -> list[psutil.Process]:
+    """Children forked from `parent` (same command line): pool workers and the pool's manager."""
+    out = []
+    for child in parent.children():
+        with contextlib.suppress(psutil.Error):
+            if child.cmdline() == parent.cmdline() and alive(child):
+                out.append(child)
+    return out
+
+
+def stop_in_step(proc: subprocess.Popen, out, step: str, num_proc: int) -> list[psutil.Process]:
+    """Freeze `proc` (SIGSTOP) once `step` runs a map: its `num_proc` pool workers and the manager are up.
+    Returns every descendant; while the parent is stopped, no worker can be told to finish."""
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"prepare ended (rc {proc.returncode}) before a map of {step} was seen"
+        steps = sorted(p.name for p in out.iterdir())
+        if steps and steps[-1].startswith(step) and len(forked(parent)) >= num_proc + 1:
+            os.kill(proc.pid, signal.SIGSTOP)
+            if len(forked(parent)) >= num_proc + 1:
+                return parent.children(recursive=True)
+            os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(0.02)
+    raise AssertionError(f"no map with {num_proc} worker(s) seen in step {step} within {DEADLINE_S} s")
+
+
+@pytest.mark.parametrize("num_proc, step", [(1, "00-read"), (2, "01-clean"), (1, "03-dedup")])
+def test_killed_prepare_leaves_no_process_behind(tmp_path, num_proc, step):
+    corpus(tmp_path / "raw.jsonl")
+    config = {
+        "input": str(tmp_path / "raw.jsonl"),
+        "output_dir": str(tmp_path / "out"),
+        "num_proc": num_proc,
+        "tokenizer": {"vocab_size": 300},
+        "pack": {"seq_len": 64},
+    }
+    (tmp_path / "pipeline.json").write_text(json.dumps(config))
+    (tmp_path / "out").mkdir()
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "cache"), "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hf_pretrain.cli", "data", "prepare", str(tmp_path / "pipeline.json")],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    descendants = []
+    try:
+        descendants = stop_in_step(proc, tmp_path / "out", step, num_proc)
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in descendants) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [p.pid for p in descendants if alive(p)]
+        assert not left, f"{len(left)} of {len(descendants)} worker processes survived kill -9 of prepare: {left}"
+    finally:
+        for p in [*descendants, psutil.Process(proc.pid) if proc.poll() is None else None]:
+            if p is not None and alive(p):
+                p.kill()  # only what this test started
+
+
+def death_signal_of_a_fork() -> int:
+    """The parent-death signal a child forked now has (Linux PR_GET_PDEATHSIG), read in the child."""
+    pid = os.fork()
+    if pid == 0:
+        value = ctypes.c_int(-1)
+        ctypes.CDLL(None).prctl(2, ctypes.byref(value), 0, 0, 0)  # PR_GET_PDEATHSIG
+        os._exit(value.value)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_only_forks_inside_the_block_are_armed():
+    assert death_signal_of_a_fork() == 0
+    with children_die_with_parent():
+        with children_die_with_parent():  # re-entrant
+            assert death_signal_of_a_fork() == signal.SIGKILL
+        assert death_signal_of_a_fork() == signal.SIGKILL
+    assert death_signal_of_a_fork() == 0
