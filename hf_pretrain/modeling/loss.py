@@ -24,9 +24,10 @@ How. Three well-known ways to never hold the whole [tokens, V]:
 
 hf_pretrain uses (3): 3 matmuls as in the unfused path (no recompute, so a step is not slower; on this
 CPU it is faster, see docs/benchmarks.md), at most one chunk of logits alive, and the weight is read
-in the forward only, which is what lets DeepSpeed ZeRO-3 work: its parameters are gathered by
-module hooks that never fire here (the head module is not called), so the weight is gathered
-explicitly for this forward (`deepspeed.zero.GatheredParameters`) and nothing in backward needs it.
+in the forward only, which is what lets DeepSpeed ZeRO-3 work: the head module is not called, so its
+gather hooks do not fire, but reading `lm_head.weight` inside the model's forward makes DeepSpeed
+gather it as an "external parameter" of the running module (released after that forward), and
+nothing in backward needs it (with (1) or (2) it would have to be gathered again there).
 The costs of (3): d hidden [tokens, H] and d weight [V, H] are held from the forward to the
 backward (one chunk of logits is bigger than d hidden, and d weight is the gradient the step
 allocates anyway); gradients are computed in a forward that needs them (grad mode on and the
@@ -57,7 +58,6 @@ first, as `nn.Linear` under autocast would (the logits in bf16, the softmax in f
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
@@ -72,6 +72,12 @@ def chunk_rows(vocab_size: int, tokens: int) -> int:
     return max(1, min(tokens, CHUNK_LOGITS // vocab_size))
 
 
+def chunked_loss_bytes(vocab_size: int, hidden_size: int, tokens: int) -> int:
+    """Bytes of the chunked loss of `tokens` tokens in fp32, what a memory estimate should price instead of the
+    logits: torch's one reused chunk of logits, plus d hidden [tokens, H] and d weight [V, H] held to the backward."""
+    return 4 * (chunk_rows(vocab_size, tokens) * vocab_size + tokens * hidden_size + vocab_size * hidden_size)
+
+
 def torch_has_chunked_cross_entropy() -> bool:
     """Whether the installed torch has the chunked `linear_cross_entropy` (torch >= 2.13)."""
     return hasattr(F, "linear_cross_entropy") and hasattr(nn, "LinearCrossEntropyOptions")
@@ -82,7 +88,7 @@ def liger_loss_class() -> type | None:
     """Liger-Kernel's fused linear cross-entropy loss module, or None when it is not installed."""
     try:
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-    except ImportError:
+    except (ImportError, RuntimeError):  # not installed, or no Triton/driver to import it with
         return None
     return LigerFusedLinearCrossEntropyLoss
 
@@ -99,15 +105,6 @@ def causal_targets(labels: torch.Tensor | None, shift_labels: torch.Tensor | Non
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     return shift_labels.reshape(-1)
-
-
-def zero3_gathered(weight: torch.Tensor):
-    """A context in which a DeepSpeed ZeRO-3 partitioned `weight` is whole (a no-op for any other tensor)."""
-    if not hasattr(weight, "ds_id"):
-        return contextlib.nullcontext()
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters([weight])
 
 
 def summed_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int):
@@ -146,13 +143,11 @@ def causal_lm_loss(
             f"causal_lm_loss: {hidden.shape[0]} positions of hidden states but {targets.shape[0]} labels; "
             "labels must have the shape of input_ids (or shift_labels of the shifted labels)."
         )
-    with zero3_gathered(weight):
-        device = hidden.device.type
-        if torch.is_autocast_enabled(device):  # what nn.Linear would compute under autocast
-            dtype = torch.get_autocast_dtype(device)
-            hidden, weight = hidden.to(dtype), weight.to(dtype)
-        total = summed_cross_entropy(hidden, weight, targets, ignore_index)
-    total = total.float()
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):  # what nn.Linear would compute under autocast
+        dtype = torch.get_autocast_dtype(device)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+    total = summed_cross_entropy(hidden, weight, targets, ignore_index).float()
     if num_items_in_batch is None:
         return total / (targets != ignore_index).sum()
     if torch.is_tensor(num_items_in_batch):

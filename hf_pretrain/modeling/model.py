@@ -19,6 +19,12 @@ model collects them, and `PretrainForCausalLM` turns them into the load-balancin
 to the LM loss in training), the expert load and the dropped fraction (`PretrainMoeCausalLMOutput`),
 and into the running sums of `model.moe_metrics` that `telemetry.moe.MoECallback` logs. Dense models
 (`num_experts=0`) compute exactly what they computed before.
+
+The loss: in training with labels (`config.chunked_loss`, the default) the head and the cross-entropy
+are computed together from the hidden states in chunks (`loss.py`), never materialising the
+[tokens, vocab] logits; the output's `logits` is then None. Evaluation, forwards without labels,
+`logits_to_keep` and `skip_logits=False` compute the logits with `lm_head` and transformers'
+`loss_function` as before.
 """
 
 from __future__ import annotations
@@ -378,9 +384,11 @@ class PretrainForCausalLM(PretrainPreTrainedModel, GenerationMixin):
     def _fused_loss_unavailable(self) -> str | None:
         """Why the loss cannot be computed without logits on this model and torch, or None when it can."""
         head = self.lm_head
-        if type(head) is not nn.Linear or head.bias is not None:
-            return f"lm_head is a {type(head).__name__}{' with a bias' if type(head) is nn.Linear else ''}, not a bare nn.Linear"
-        zero3 = hasattr(head.weight, "ds_id")  # ZeRO-3's own gather hooks are replaced by an explicit gather
+        if type(head) is not nn.Linear:
+            return f"lm_head is a {type(head).__name__}, not a bare nn.Linear"
+        if head.bias is not None:
+            return "lm_head has a bias"
+        zero3 = hasattr(head.weight, "ds_id")  # ZeRO-3 gathers the weight when the forward reads it (loss.py)
         if hasattr(head, "_hf_hook") or (not zero3 and (head._forward_hooks or head._forward_pre_hooks)):
             return "lm_head has forward hooks that a fused loss would bypass"
         if self.loss_function is not ForCausalLMLoss:
