@@ -7,8 +7,10 @@ tests/distributed/test_memory.py measures it: a warm-up step on a tiny batch all
 (kept, as gradient accumulation and DDP keep them), then the RSS before the step is the baseline and
 the process's max RSS after one forward + backward of the full batch is its peak; growth = peak -
 baseline. glibc's mmap threshold is fixed at 1 MiB so that RSS follows the live tensors. Step time is
-the median of the next `--repeats` forward + backward passes. Prints each variant's loss, growth and
-time, and the ratios to plain Llama (goal for the chunked loss: memory <= 0.6x, same loss).
+the median of the next `--repeats` forward + backward passes. `--rounds` runs every variant that many
+times, the order reversed each round (ABBA: load from other jobs hits all alike), and reports the
+medians. Prints each variant's loss, growth and time, and the ratios to plain Llama (goal for the
+chunked loss: memory <= 0.6x, same loss).
 
     python benchmarks/chunked_ce.py                     # vocab 32,768, seq 1024, batch 4, hidden 256, 4 layers
     python benchmarks/chunked_ce.py --vocab 65536 --seq 2048 --device cuda    # on a GPU (peak from torch.cuda)
@@ -19,13 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 MEASURE = r"""
-import gc, json, resource, statistics, sys, time
+import gc, json, resource, sys, time
 import psutil, torch
 spec = json.loads(sys.argv[1])
 torch.set_num_threads(spec["threads"])
@@ -65,7 +68,7 @@ for _ in range(spec["repeats"]):
     if device.type == "cuda":
         torch.cuda.synchronize()
     times.append(time.perf_counter() - start)
-print(json.dumps({"loss": loss, "growth": peak - baseline, "step_s": statistics.median(times)}))
+print(json.dumps({"loss": loss, "growth": peak - baseline, "times": times}))
 """
 
 VARIANTS = ("llama", "chunked", "unchunked")
@@ -123,6 +126,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per child (1: steadiest on shared cores)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per variant after the measured one")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each variant, order reversed each round")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     import torch
@@ -134,9 +138,21 @@ def main(argv=None) -> dict:
         print(
             f"torch {torch.__version__}, fp32, {args.device}, {args.threads} thread(s): vocab {args.vocab}, "
             f"seq {args.seq}, batch {args.batch}, hidden {args.hidden}, {args.layers} layers, "
-            f"{paths['params'] / 1e6:.1f} M parameters; chunked loss by {implementation(torch.device(args.device))!r}"
+            f"{paths['params'] / 1e6:.1f} M parameters; chunked loss by {implementation(torch.device(args.device))!r}; "
+            f"{args.rounds} rounds x {args.repeats} timed steps"
         )
-        results = {variant: measure(variant, paths, args) for variant in VARIANTS}
+        runs = {variant: [] for variant in VARIANTS}
+        for round_index in range(args.rounds):
+            for variant in VARIANTS if round_index % 2 == 0 else VARIANTS[::-1]:
+                runs[variant].append(measure(variant, paths, args))
+    results = {
+        variant: {
+            "loss": r[0]["loss"],
+            "growth": statistics.median(x["growth"] for x in r),
+            "step_s": statistics.median(t for x in r for t in x["times"]),
+        }
+        for variant, r in runs.items()
+    }
     llama = results["llama"]
     print(f"{'variant':<28}{'loss':>10}{'peak growth':>14}{'x llama':>9}{'step':>10}{'x llama':>9}")
     names = {"llama": "LlamaForCausalLM", "chunked": "ours, chunked loss", "unchunked": "ours, chunked_loss=False"}
