@@ -19,6 +19,12 @@ meaning and a checkpoint of a model without windows loads with plain `LlamaForCa
 
 `tie_word_embeddings` defaults to False (untied input and output embeddings).
 
+- `chunked_loss` (default True): training forwards with labels compute the LM head and the
+  cross-entropy chunk by chunk from the hidden states, never holding the [tokens, vocab] logits or
+  their gradient (`loss.py`, docs/model.md); their output's `logits` is None. Evaluation, forwards
+  without labels and `skip_logits=False` return logits as before. False computes the full logits
+  in training too (transformers' path).
+
 Mixture of experts (`num_experts > 0`; 0, the default, is the dense model, unchanged), see `moe.py`
 and docs/moe.md:
 
@@ -92,6 +98,7 @@ class PretrainConfig(LlamaConfig):
     norm_topk_prob: bool = True
     router_aux_loss_coef: float = 0.01
     router_z_loss_coef: float = 0.001
+    chunked_loss: bool = True
 
     def __post_init__(self, **kwargs):
         self._check_shapes()
@@ -107,6 +114,10 @@ class PretrainConfig(LlamaConfig):
         for field in (*positive, "max_position_embeddings"):
             if not _positive_int(getattr(self, field)):
                 _reject(field, getattr(self, field), "it must be a positive integer")
+        if not isinstance(self.chunked_loss, bool):
+            _reject(
+                "chunked_loss", self.chunked_loss, "use True (the loss without the full logits in training) or False"
+            )
         if self.head_dim is not None and not _positive_int(self.head_dim):
             _reject(
                 "head_dim", self.head_dim, "it must be a positive integer (or None: hidden_size // num_attention_heads)"

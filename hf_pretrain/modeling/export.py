@@ -61,6 +61,7 @@ _OURS_ONLY = {
     "model_type",
     "architectures",
     "transformers_version",
+    "chunked_loss",
     *_MOE_FIELDS,
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")

@@ -19,6 +19,12 @@ model collects them, and `PretrainForCausalLM` turns them into the load-balancin
 to the LM loss in training), the expert load and the dropped fraction (`PretrainMoeCausalLMOutput`),
 and into the running sums of `model.moe_metrics` that `telemetry.moe.MoECallback` logs. Dense models
 (`num_experts=0`) compute exactly what they computed before.
+
+The loss: in training with labels (`config.chunked_loss`, the default) the head and the cross-entropy
+are computed together from the hidden states in chunks (`loss.py`), never materialising the
+[tokens, vocab] logits; the output's `logits` is then None. Evaluation, forwards without labels,
+`logits_to_keep` and `skip_logits=False` compute the logits with `lm_head` and transformers'
+`loss_function` as before.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
+from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast, MoeModelOutputWithPast
@@ -52,6 +59,7 @@ from .attention import (
     plan_attention,
 )
 from .configuration import PretrainConfig
+from .loss import causal_lm_loss, implementation
 from .moe import MoEMetrics, PretrainExperts, PretrainMoE, PretrainMoeCausalLMOutput, PretrainRouter, routing_statistics
 
 logger = logging.get_logger(__name__)
@@ -313,8 +321,15 @@ class PretrainForCausalLM(PretrainPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        skip_logits: bool | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
+        """Logits and, with `labels`, the loss; in training the loss alone (see `_skips_logits`).
+
+        `skip_logits`: None (default) skips the logits in training forwards with labels when
+        `config.chunked_loss`; True computes the loss without logits in any mode (labels required);
+        False always returns the logits.
+        """
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -325,19 +340,62 @@ class PretrainForCausalLM(PretrainPreTrainedModel, GenerationMixin):
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state
-        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            hidden_states = hidden_states[:, -logits_to_keep:]
-        elif isinstance(logits_to_keep, torch.Tensor):
-            hidden_states = hidden_states[:, logits_to_keep]
-        logits = self.lm_head(hidden_states)
-        loss = None
-        if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        logits = loss = None
+        if self._skips_logits(labels, logits_to_keep, skip_logits):
+            loss = causal_lm_loss(hidden_states, self.lm_head.weight, labels, **kwargs)
+        else:
+            if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+                hidden_states = hidden_states[:, -logits_to_keep:]
+            elif isinstance(logits_to_keep, torch.Tensor):
+                hidden_states = hidden_states[:, logits_to_keep]
+            logits = self.lm_head(hidden_states)
+            if labels is not None:
+                loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         if getattr(outputs, "router_logits", None):
             return self._moe_output(outputs, logits, loss, attention_mask, labels, kwargs)
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, cache=outputs.cache, hidden_states=outputs.hidden_states
         )
+
+    def _skips_logits(self, labels, logits_to_keep, skip_logits: bool | None) -> bool:
+        """Whether this forward computes the loss from the hidden states without the logits (`loss.py`).
+
+        Asked for (`skip_logits=True`), or by default in training with labels when `config.chunked_loss`
+        is on and nothing asks for logits (`logits_to_keep`). It needs a bare bias-free `nn.Linear` head
+        and transformers' own causal-LM loss; otherwise (a PEFT or FSDP wrapper on `lm_head`, a hook on it,
+        a custom `loss_function`, a torch without the chunked op) the full logits are computed, with a
+        warning that says why.
+        """
+        if skip_logits is None:
+            wanted = self.config.chunked_loss and self.training and labels is not None
+            skip_logits = wanted and isinstance(logits_to_keep, int) and logits_to_keep == 0
+        elif skip_logits and (labels is None or not (isinstance(logits_to_keep, int) and logits_to_keep == 0)):
+            raise ValueError(
+                "skip_logits=True computes the loss without logits: pass labels, and no logits_to_keep "
+                "(or skip_logits=None/False to get logits)."
+            )
+        if not skip_logits:
+            return False
+        reason = self._fused_loss_unavailable()
+        if reason:
+            logger.warning_once(f"chunked_loss: {reason}; computing the full logits instead.")
+        return reason is None
+
+    def _fused_loss_unavailable(self) -> str | None:
+        """Why the loss cannot be computed without logits on this model and torch, or None when it can."""
+        head = self.lm_head
+        if type(head) is not nn.Linear:
+            return f"lm_head is a {type(head).__name__}, not a bare nn.Linear"
+        if head.bias is not None:
+            return "lm_head has a bias"
+        zero3 = hasattr(head.weight, "ds_id")  # ZeRO-3 gathers the weight when the forward reads it (loss.py)
+        if hasattr(head, "_hf_hook") or (not zero3 and (head._forward_hooks or head._forward_pre_hooks)):
+            return "lm_head has forward hooks that a fused loss would bypass"
+        if self.loss_function is not ForCausalLMLoss:
+            return f"the model's loss_function is {getattr(self.loss_function, '__name__', self.loss_function)}"
+        if implementation(head.weight.device) == "none":
+            return f"torch {torch.__version__} has no chunked linear_cross_entropy (torch >= 2.13)"
+        return None
 
     def _moe_output(self, outputs, logits, loss, attention_mask, labels, kwargs) -> PretrainMoeCausalLMOutput:
         """Routing losses and statistics; in training the weighted losses join the LM loss.

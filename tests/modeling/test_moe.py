@@ -212,11 +212,12 @@ def test_aux_losses_join_the_lm_loss_in_training_weighted_by_the_micro_batch_tok
     torch.manual_seed(0)
     model = PretrainForCausalLM(moe_config(router_aux_loss_coef=0.5, router_z_loss_coef=0.1))
     ids = torch.randint(0, 128, (2, 16))
-    out = model.train()(ids, labels=ids)
+    out = model.train()(ids, labels=ids, skip_logits=False)  # the logits, to check the LM part by hand
     lm = F.cross_entropy(out.logits[:, :-1].reshape(-1, 128), ids[:, 1:].reshape(-1))
     assert out.loss.item() == pytest.approx((lm + 0.5 * out.aux_loss + 0.1 * out.z_loss).item(), rel=1e-5)
     assert out.aux_loss.requires_grad and out.expert_load.shape == (4, E) and out.dropped_fraction == 0
-    half = model(ids, labels=ids, num_items_in_batch=2 * 30)  # this micro-batch holds half the step's 60 tokens
+    half = model(ids, labels=ids, num_items_in_batch=2 * 30)  # half the step's 60 tokens; the chunked loss
+    assert half.logits is None
     assert half.loss.item() == pytest.approx((lm / 2 + (0.5 * out.aux_loss + 0.1 * out.z_loss) / 2).item(), rel=1e-5)
     with torch.no_grad():
         evaluated = model.eval()(ids, labels=ids)  # evaluation: the LM loss alone, comparable with dense models
