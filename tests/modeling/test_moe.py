@@ -8,7 +8,13 @@ import torch
 import torch.nn.functional as F
 from datasets import Dataset
 from torch.overrides import TorchFunctionMode
-from transformers import AutoModelForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, default_data_collator
+from transformers import (
+    AutoModelForCausalLM,
+    MixtralForCausalLM,
+    Qwen2MoeForCausalLM,
+    TrainerCallback,
+    default_data_collator,
+)
 
 from hf_pretrain import PretrainForCausalLM, PretrainTrainer, export_hf, get_preset
 from hf_pretrain.modeling.configuration import moe_layer_indices
@@ -242,11 +248,18 @@ def test_tiny_moe_trains_on_cpu_and_logs_routing(tmp_path):
         measure_peak_tflops=False,
         telemetry=False,
     )
+    attached = []
+
+    class Count(TrainerCallback):
+        def on_train_end(self, args, state, control, **kwargs):
+            attached.append(sum(isinstance(c, MoECallback) for c in trainer.callback_handler.callbacks))
+
     trainer = PretrainTrainer(
         model=model,
         args=args,
         train_dataset=synthetic(),
         data_collator=default_data_collator,
+        callbacks=[Count()],
     )
     trainer.train()  # PretrainTrainer attaches MoECallback itself for an MoE model
     logs = [h for h in trainer.state.log_history if "loss" in h]
@@ -259,7 +272,8 @@ def test_tiny_moe_trains_on_cpu_and_logs_routing(tmp_path):
         assert 1 / K >= h["moe_expert_load_max"] >= 1 / E >= h["moe_expert_load_min"] >= 0
         assert h["moe_aux_loss"] >= 0.99 and h["moe_z_loss"] > 0 and h["moe_dropped_fraction"] == 0
     assert len(model.moe_metrics.last_expert_load) == 4  # the full (MoE layers x experts) load of the last log
-    assert sum(isinstance(c, MoECallback) for c in trainer.callback_handler.callbacks) == 1
+    assert attached == [1]  # once, during train()
+    assert not any(isinstance(c, MoECallback) for c in trainer.callback_handler.callbacks)  # detached after
 
 
 def test_moe_callback_logs_nothing_for_a_dense_model():
