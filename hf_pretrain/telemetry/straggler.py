@@ -9,8 +9,8 @@ step or more later so that nothing stalls; the host clock on a CPU):
   the synchronising micro-batch is ready, and the micro-batch's compute ends there: what follows
   is the all-reduce, i.e. waiting for the other ranks;
 - `wait_s` = `step_s - compute_s`: blocked in collectives, the optimizer, the token-count gathers;
-- `local_s`: the forward time of its `nn.Linear` layers, each timed on its own (a pre- and a post-
-  forward hook per linear), summed. No engine puts a collective *inside* a linear's forward:
+- `local_s`: the forward time of its linear layers (`nn.Linear`, torchao's and Transformer Engine's
+  low-precision ones), each timed on its own (a pre- and a post-forward hook per linear), summed. No engine puts a collective *inside* a linear's forward:
   DeepSpeed ZeRO-3 and FSDP gather a module's weights in hooks that run before ours, DDP and
   ZeRO-1/2 communicate in backward or the optimizer. So `local_s` is this rank's own matmul work
   under every engine, never a wait;
@@ -204,6 +204,14 @@ def _cycles_per_second(device) -> float:
     return cycles / (start.elapsed_time(end) / 1000)
 
 
+def _is_linear(module) -> bool:
+    """`nn.Linear` and its subclasses (torchao's Float8Linear), and Transformer Engine's `Linear`."""
+    kind = type(module)
+    return isinstance(module, torch.nn.Linear) or (
+        kind.__name__ == "Linear" and kind.__module__.startswith("transformer_engine")
+    )
+
+
 def _compiled(trainer, model) -> bool:
     return bool(getattr(getattr(trainer, "args", None), "torch_compile", False)) or hasattr(model, "_orig_mod")
 
@@ -246,7 +254,7 @@ class StragglerCallback(TrainerCallback):
         if model is None or _compiled(self.trainer, wrapped):
             return
         for module in model.modules():
-            if isinstance(module, torch.nn.Linear):
+            if _is_linear(module):
                 self._handles.append(module.register_forward_pre_hook(self._linear_begin))
                 self._handles.append(module.register_forward_hook(self._linear_end))
 

@@ -126,6 +126,41 @@ def test_a_gathered_reading_round_trips_to_the_same_underclock_verdict():
         assert local == remote, fixture["name"]
 
 
+def test_each_linear_forward_is_timed_inside_steps_only():
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import TrainerControl, TrainerState
+
+    from hf_pretrain import PretrainForCausalLM
+    from hf_pretrain.telemetry.straggler import StragglerCallback
+    from tests.conftest import small_config
+
+    model = PretrainForCausalLM(small_config())
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    callback, state, control = StragglerCallback(every=100), TrainerState(), TrainerControl()
+    callback.trainer = SimpleNamespace(model=model, model_wrapped=model, args=SimpleNamespace(torch_compile=False))
+    args = SimpleNamespace(process_index=0, world_size=1, device=torch.device("cpu"))
+    callback.on_train_begin(args, state, control)
+    ids = torch.randint(0, 128, (2, 16))
+    model(input_ids=ids)  # outside a step (evaluation, generation): not timed
+    callback.on_step_begin(args, state, control)
+    callback.before_micro_batch()
+    model(input_ids=ids, labels=ids).loss.backward()
+    callback.record_micro_batch(0.0, 0.0)
+    assert len(callback._local) == linears  # one window per linear of the forward
+    state.global_step = 1
+    callback.on_step_end(args, state, control)
+    local, compute = callback.window["local_s"][0], callback.window["compute_s"][0]
+    assert 0 < local < compute <= callback.window["step_s"][0]
+    callback.on_train_end(args, state, control)
+    assert callback._handles == [] and not model.model.layers[0].mlp.up_proj._forward_hooks
+    # a compiled model is not hooked (hooks would break its graph): no linear timing, no error
+    callback.trainer.args.torch_compile = True
+    callback.on_train_begin(args, state, control)
+    assert callback._handles == []
+
+
 def launch(tmp_path, nproc, slow=None, accumulation=1, threshold=0.75, steps=8, every=4):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("HF_PRETRAIN_TEST_SLOW_RANK", None)
