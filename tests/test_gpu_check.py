@@ -38,7 +38,7 @@ def run(args, cwd, env=None, python=(sys.executable,)):
     return proc
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 50-120 s on the shared 2-core machine: two CPU ranks start for the straggler check
 def test_dry_run_runs_every_check_on_a_cpu(tmp_path):
     proc = run(["--dry-run", "--out", str(tmp_path / "gpu_check.json")], cwd=tmp_path)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -74,7 +74,6 @@ def site_without(packages: set[str], dest: Path) -> Path:
     return dest
 
 
-@pytest.mark.slow
 def test_without_datasets_and_torchao_only_their_checks_are_skipped(tmp_path):
     site = site_without({"datasets", "torchao", "deepspeed"}, tmp_path / "site")
     env = {"PYTHONPATH": str(site)}  # not even hf_pretrain: the script finds this checkout itself
