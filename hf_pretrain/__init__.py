@@ -1,44 +1,36 @@
 """hf_pretrain: pretrain Llama-style models from scratch on the Hugging Face stack.
 
-The model (and its registration with transformers' Auto classes) and the presets load with the
-package. The trainer and its arguments load on first use (`hf_pretrain.PretrainTrainer`): they pull
-in the data chain and with it `datasets`, which the model, the telemetry, the memory estimator and
-the precision recipes do not need (a GPU box without `datasets` can still run those).
+The public names are imported on first use (PEP 562), so `hf-pretrain --help` and the commands that
+need no model start without importing transformers.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING
+from __future__ import annotations
 
-from .modeling import PretrainConfig, PretrainForCausalLM, PretrainModel
-from .modeling.export import export_hf
-from .presets import PRESETS, get_preset
-
-if TYPE_CHECKING:
-    from .training import PretrainingArguments, PretrainTrainer
+import importlib
 
 __version__ = "0.1.0"
 
-_LAZY = {"PretrainingArguments": ".training", "PretrainTrainer": ".training"}
+_HOMES = {
+    "PretrainConfig": ".modeling",
+    "PretrainForCausalLM": ".modeling",
+    "PretrainModel": ".modeling",
+    "export_hf": ".modeling.export",
+    "PRESETS": ".presets",
+    "get_preset": ".presets",
+    "PretrainingArguments": ".training",
+    "PretrainTrainer": ".training",
+}
 
-__all__ = [
-    "PRESETS",
-    "PretrainConfig",
-    "PretrainForCausalLM",
-    "PretrainModel",
-    "PretrainTrainer",
-    "PretrainingArguments",
-    "export_hf",
-    "get_preset",
-]
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _HOMES:
+        raise AttributeError(f"module 'hf_pretrain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name], __name__), name)
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted([*globals(), *_HOMES])
