@@ -7,8 +7,12 @@ step or more later so that nothing stalls; the host clock on a CPU):
   (`PretrainTrainer.training_step` reports each through `before_micro_batch` /
   `record_micro_batch`). Under DDP a communication hook marks when the last gradient bucket of
   the synchronising micro-batch is ready, and the micro-batch's compute ends there: what follows
-  is the all-reduce, i.e. waiting for the other ranks;
-- `wait_s` = `step_s - compute_s`: blocked in collectives, the optimizer, the token-count gathers;
+  is the all-reduce, i.e. waiting for the other ranks. It is read on the clock of the rank's own
+  work (`DeviceClock.work_mark`): device time on a GPU, this thread's CPU time on a CPU, so that a
+  CPU rank that other processes preempt on a shared machine is not taken for a straggler;
+- `wait_s` = `step_s` - the wall time of those compute windows: blocked in collectives, the
+  optimizer, the token-count gathers (on a GPU `compute_s + wait_s = step_s`; on a CPU the time it
+  was preempted inside its compute is in neither);
 - `local_s`: the forward time of its linear layers (`nn.Linear`, torchao's and Transformer Engine's
   low-precision ones), each timed on its own (a pre- and a post-forward hook per linear), summed. No engine puts a collective *inside* a linear's forward:
   DeepSpeed ZeRO-3 and FSDP gather a module's weights in hooks that run before ours, DDP and
@@ -47,9 +51,9 @@ log), `straggler_warnings` (how many exchanges flagged one since then), `straggl
 and `underclock_warning` / `underclock_rank` for another rank's under-clock.
 
 Test-only knob: `HF_PRETRAIN_TEST_SLOW_RANK="RANK:SECONDS"` makes that rank slow by SECONDS at the
-start of every micro-batch, so the detector can be tested for real: on a CPU the host sleeps, on a
-GPU the device does (`torch.cuda._sleep`, its cycles per second measured once at the start), the
-way a slow GPU is slow while its host is not.
+start of every micro-batch, so the detector can be tested for real: on a CPU the host works (spins)
+that long, on a GPU the device sleeps (`torch.cuda._sleep`, its cycles per second measured once at
+the start), the way a slow GPU is slow while its host is not.
 """
 
 from __future__ import annotations
@@ -179,7 +183,7 @@ def _hook_ddp(model) -> bool:
     def timing_hook(process_group, bucket):
         timer = getattr(model, "_hf_pretrain_timer", None)
         if timer is not None:
-            timer._ready = timer.clock.mark()  # on the compute stream: stamped when the bucket's last gradient is
+            timer._ready = timer._marks()  # on the compute stream: stamped when the bucket's last gradient is
         return default_hooks.allreduce_hook(process_group, bucket)
 
     try:
@@ -260,11 +264,11 @@ class StragglerCallback(TrainerCallback):
 
     def _linear_begin(self, module, args):
         if self._in_step:
-            self._linear_start = self.clock.mark()
+            self._linear_start = self.clock.work_mark()
 
     def _linear_end(self, module, args, output):
         if self._in_step and self._linear_start is not None:
-            self._local.append((self._linear_start, self.clock.mark()))
+            self._local.append((self._linear_start, self.clock.work_mark()))
             self._linear_start = None
 
     def _remove_hooks(self) -> None:
@@ -282,16 +286,23 @@ class StragglerCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._begin = self.clock.mark()
-        self._micro, self._local, self._linear_start = [], [], None
+        self._micro, self._micro_wall, self._local, self._linear_start = [], [], [], None
         self._in_step = True
 
+    def _marks(self) -> tuple:
+        """(wall, work) marks of one instant: one CUDA event for both on a GPU."""
+        wall = self.clock.mark()
+        return (wall, wall) if self.clock.cuda else (wall, self.clock.work_mark())
+
     def before_micro_batch(self) -> None:
-        """Called by PretrainTrainer.training_step before each micro-batch (the test knob sleeps here)."""
-        self._micro_start = self.clock.mark()
+        """Called by PretrainTrainer.training_step before each micro-batch (the test knob slows the rank here)."""
+        self._micro_start = self._marks()
         if self._sleep_cycles:
             torch.cuda._sleep(int(self._sleep_cycles))  # the device is slow, its host is not
-        elif self.sleep:
-            time.sleep(self.sleep)
+        elif self.sleep:  # a CPU rank is slow by working longer (busy, so that its CPU time shows it)
+            end = time.perf_counter() + self.sleep
+            while time.perf_counter() < end:
+                pass
         self._ready = None
 
     def record_micro_batch(self, start: float, end: float) -> None:
@@ -300,8 +311,9 @@ class StragglerCallback(TrainerCallback):
         `start` / `end` are the trainer's host times; the marks taken here and in `before_micro_batch`
         are on the device clock. The sync micro-batch's local work ends when its last bucket is ready.
         """
-        end_mark = self._ready if self._ready is not None else self.clock.mark()
-        self._micro.append((self._micro_start, end_mark))
+        end = self._ready if self._ready is not None else self._marks()
+        self._micro_wall.append((self._micro_start[0], end[0]))
+        self._micro.append((self._micro_start[1], end[1]))
         self._ready = None
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -309,6 +321,7 @@ class StragglerCallback(TrainerCallback):
             return
         end = self.clock.mark()
         record = {"step": (self._begin, end), "compute": self._micro, "local": self._local}
+        record["compute_wall"] = self._micro if self.clock.cuda else self._micro_wall  # (one set of events on a GPU)
         if self._last_end is not None:
             record["data_wait"] = (self._last_end, self._begin)
         self.steps.push(record)
@@ -316,9 +329,10 @@ class StragglerCallback(TrainerCallback):
         for done in self.steps.pop_done():
             step = done["step"]
             compute = min(done["compute"], step) if done["compute"] > 0 else step
+            compute_wall = min(done["compute_wall"], step) if done["compute_wall"] > 0 else step
             self.window["compute_s"].append(compute)
             self.window["local_s"].append(done["local"])
-            self.window["wait_s"].append(step - compute)
+            self.window["wait_s"].append(step - compute_wall)
             self.window["data_wait_s"].append(done.get("data_wait", 0.0))
             self.window["step_s"].append(step)
         if state.global_step % self.every == 0:

@@ -13,7 +13,11 @@ micro-batch). Nothing here synchronises the device. On a CPU the work is done wh
 returns, and the marks are plain `perf_counter` seconds, ready at once.
 
 `DeviceClock.mark()` returns an opaque mark; `seconds(start, end)` the interval; `done(mark)`
-whether it can be read without waiting. `PendingIntervals` is the small queue the callbacks use:
+whether it can be read without waiting. `work_mark()` is the clock of a rank's *own work*: the
+same event on a GPU (the device's time is its own work), this thread's CPU time on a CPU
+(`time.thread_time`: the forward and backward of CPU tensors run on the calling thread, and a
+process that others preempt on a shared machine is not slower for it; the time it was preempted
+shows in the wall clock only). `PendingIntervals` is the small queue the callbacks use:
 push the marks of one step under names, pop what is done.
 """
 
@@ -39,6 +43,10 @@ class DeviceClock:
         event = torch.cuda.Event(enable_timing=True)
         event.record(torch.cuda.current_stream(self.device))
         return event
+
+    def work_mark(self):
+        """A mark on the clock of this rank's own work: the device's on a GPU, this thread's CPU time on a CPU."""
+        return self.mark() if self.cuda else time.thread_time()
 
     def done(self, mark) -> bool:
         return True if not self.cuda else mark.query()
