@@ -183,7 +183,7 @@ def _hook_ddp(model) -> bool:
     def timing_hook(process_group, bucket):
         timer = getattr(model, "_hf_pretrain_timer", None)
         if timer is not None:
-            timer._ready = timer._marks()  # on the compute stream: stamped when the bucket's last gradient is
+            timer._ready = timer._marks()  # on the compute stream: when the bucket's last gradient is done
         return default_hooks.allreduce_hook(process_group, bucket)
 
     try:
