@@ -132,6 +132,9 @@ def trial(argv: list[str]) -> int:
     parser.add_argument(
         "--loss-tolerance", type=float, default=0.05, help="nats; recipes this close to the best loss qualify"
     )
+    parser.add_argument(
+        "--loss-window", type=int, default=5, help="the final loss is the mean of this many last logged losses"
+    )
     parser.add_argument("--out", default="trial", help="output directory for trial.json / trial.md")
     parser.add_argument("--torch-compile", action="store_true", help="compile the model in every recipe")
     args = parser.parse_args(argv)
@@ -145,6 +148,7 @@ def trial(argv: list[str]) -> int:
         args.out,
         args.loss_tolerance,
         torch_compile=args.torch_compile,
+        loss_window=args.loss_window,
     )
     print(to_markdown(result))
     print(f"wrote {args.out}/trial.json and {args.out}/trial.md")

@@ -13,7 +13,18 @@ Models", section 3.1 and figure 1), Psi = parameters, N = `gpus`:
 | `fp8` (torchao) | 2 Psi | 2 Psi | 12 Psi: torchao keeps bf16 weights and casts to fp8 per matmul: priced as bf16 |
 | `fp32` | 4 Psi | 4 Psi | 8 Psi: m, v |
 
-ZeRO-1 divides the optimizer states by N, ZeRO-2 also the gradients, ZeRO-3 also the weights. ZeRO-3 must
+ZeRO-1 divides the optimizer states by N, ZeRO-2 also the gradients, ZeRO-3 also the weights. DeepSpeed's
+ZeRO-1/2/3 optimizers also build, at each step, the fp32 gradients of this rank's partition for Adam to read
+(`single_partition_of_fp32_groups[i].grad` in stages 1-2, `fp32_partitioned_groups_flat[i].grad` in stage 3),
+and free them after the step: `gradient_partition_fp32` = 4 Psi / N in the mixed precisions (fp32 training has
+fp32 gradients already; ZeRO-0 here is DDP). With it the partitioned states are DeepSpeed's own 18 bytes per
+parameter of `estimate_zero2_model_states_mem_needs` (2 Psi + 18 Psi / N, matched exactly). Stage 3 also keeps
+its 16-bit gradient partition (`grad_partitions_flat_buffer`) while the fp32 one exists, so its step holds
+2 + 2 + 4 + 4 + 8 = 20 bytes per partition parameter; `estimate_zero3_model_states_mem_needs` counts 18 and
+leaves that buffer out. Both figures were read off a real 2-process ZeRO-3 run, every live tensor counted
+(tests/distributed/test_memory.py): 16.0 bytes per partition parameter after backward, 20.0 inside
+the optimizer step. The fp32 gradients live during the step, the activations during forward and backward:
+`total` takes the larger of the two, not their sum. ZeRO-3 must
 still hold one unit (a decoder layer, or the vocabulary matrix when that is larger) gathered in full while it
 computes, with that unit's gradient before it is reduce-scattered: `zero3_gathered` = (weight + gradient
 bytes) x the largest unit, the "largest layer" term of DeepSpeed's own `estimate_zero3_model_states_mem_needs`.
@@ -50,7 +61,8 @@ The loss. The LM head's logits are upcast to fp32 and the cross-entropy saves fp
 start of backward the log-probs, their gradient and the logits' gradient are alive at once: `logits` =
 12 x s x b x V bytes, whatever the precision (V = 32000 at 8K x 1 is 3.1 GB).
 
-`total` is the sum of the above, the steady state of a step in which gradient buffers stay allocated during
+`total` is the sum of the above (the step's fp32 gradient partition counted only where it exceeds the
+activations, which are gone by then), the steady state of a step in which gradient buffers stay allocated during
 forward and backward (DDP buckets, DeepSpeed's partitions, gradient accumulation). A single process that frees
 the gradients after every step (`zero_grad(set_to_none=True)`, no accumulation) peaks lower, by up to the
 gradients.
@@ -140,6 +152,7 @@ class MemoryEstimate:
     logits: int
     zero3_gathered: int
     cpu_bytes: int
+    gradient_partition_fp32: int = 0  # DeepSpeed ZeRO >= 1, mixed precision: 4 B x Psi / N (module docstring)
     num_layers: int = 0
     layer_bytes_per_token: int = 0  # what one decoder layer saves per token (the activations' unit)
     device: str | None = None
@@ -148,11 +161,13 @@ class MemoryEstimate:
 
     @property
     def model_states(self) -> int:
-        return self.parameters + self.gradients + self.optimizer_states
+        return self.parameters + self.gradients + self.gradient_partition_fp32 + self.optimizer_states
 
     @property
     def total(self) -> int:
-        return self.model_states + self.activations + self.logits + self.zero3_gathered
+        """The step's peak: persistent states + the larger of backward's working set and the step's fp32 gradients."""
+        persistent = self.parameters + self.gradients + self.optimizer_states
+        return persistent + max(self.activations + self.logits + self.zero3_gathered, self.gradient_partition_fp32)
 
     @property
     def free_bytes(self) -> int | None:
@@ -313,6 +328,8 @@ def estimate_memory(
         *(layer_parameters(config, kind) for kind in _layer_kinds(config)), config.vocab_size * config.hidden_size
     )
     zero3_gathered = (weight + grad) * largest_unit if zero == 3 and gpus > 1 else 0
+    mixed = weight < 4  # 16-bit weights with fp32 master states
+    gradient_partition_fp32 = 4 * psi // gpus if zero >= 1 and mixed and not offload else 0
     cpu_bytes = 0
     notes = []
     if offload:
@@ -354,6 +371,7 @@ def estimate_memory(
         logits=logits_bytes(config, seq_len, micro_batch),
         zero3_gathered=zero3_gathered,
         cpu_bytes=cpu_bytes,
+        gradient_partition_fp32=gradient_partition_fp32,
         num_layers=config.num_hidden_layers,
         layer_bytes_per_token=layer_activation_bytes_per_token(config, seq_len, precision, flash_attention),
         device=device if device_memory_gb is None else f"{device or 'device'} ({device_memory_gb:g} GiB)",
@@ -378,6 +396,16 @@ def format_estimate(estimate: MemoryEstimate) -> str:
     rows = [
         ("parameters", est.parameters, f"{weight} B x Psi{split['p']}" + (" -> CPU" if not est.parameters else "")),
         ("gradients", est.gradients, f"{grad} B x Psi{split['g']}"),
+    ]
+    if est.gradient_partition_fp32:
+        rows.append(
+            (
+                "fp32 grad partition",
+                est.gradient_partition_fp32,
+                f"4 B x Psi / {n}, in the step only: total takes max(it, activations + loss + gathered)",
+            )
+        )
+    rows += [
         (
             "optimizer states",
             est.optimizer_states,
@@ -398,9 +426,9 @@ def format_estimate(estimate: MemoryEstimate) -> str:
     width = 96
 
     def line(name: str, value: int, text: str = "") -> str:
-        return f"{name:<17}{value / GiB:>8.2f}{value / 1e9:>8.2f}   {text}".rstrip()
+        return f"{name:<20}{value / GiB:>8.2f}{value / 1e9:>8.2f}   {text}".rstrip()
 
-    lines = [head, f"{'per GPU':<17}{'GiB':>8}{'GB':>8}   formula", "-" * width]
+    lines = [head, f"{'per GPU':<20}{'GiB':>8}{'GB':>8}   formula", "-" * width]
     lines += [line(name, value, formula) for name, value, formula in rows]
     lines += ["-" * width, line("total", est.total)]
     if est.device_bytes is not None:

@@ -19,6 +19,18 @@ divisible by 16 and at least `min_features`, it is not the LM head, and (optiona
 `LinearDecision` with the reason; an unsupported one is skipped and the conversion continues
 (accelerate's TE conversion stops at the first one instead).
 
+Native or emulated (`emulated(recipe, device)`): fp8 has native kernels only on fp8 tensor cores
+(CUDA compute capability >= 8.9); anywhere else torchao casts to fp8 and back and runs the matmul
+in a wider type, which gets fp8's numerics at more than bf16's cost. `apply_precision` says so at
+run time (a warning, and `PrecisionReport.emulated`), and the trial marks such rows and never
+recommends them over a native recipe. bf16 is emulated on a CPU without bf16 instructions
+(oneDNN's check) and on a GPU before compute capability 8.0.
+
+MoE experts: the experts of an MoE layer are 3D parameters (E x out x in) multiplied in the MoE
+module's own forward, not `nn.Linear` modules, so no recipe converts them; the report counts them
+as kept in high precision (with their share of the parameters), rather than reporting "16 of 17
+linears converted" for a model whose weights are mostly experts.
+
 Evaluation, generation and saving run without the low-precision path: `high_precision(model)`
 swaps every converted linear back to a plain `nn.Linear` sharing the same weight tensors (exact,
 no copy) and restores them on exit; `remove_precision` does it for good. torchao keeps its master
@@ -34,6 +46,11 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from transformers.utils import logging
+
+from ..telemetry.peaks import fp8_matmul_native
+
+logger = logging.get_logger(__name__)
 
 RECIPES = ("fp32", "bf16", "fp8", "te-fp8", "te-mxfp8", "te-nvfp4")
 LOW_PRECISION = ("fp8", "te-fp8", "te-mxfp8", "te-nvfp4")
@@ -52,10 +69,23 @@ class LinearDecision:
 
 
 @dataclass
+class ExpertGroup:
+    """The experts of one MoE layer: 3D weights (E x out x in) no recipe converts."""
+
+    name: str
+    num_experts: int
+    parameters: int
+
+
+@dataclass
 class PrecisionReport:
     recipe: str
     options: dict
     linears: list[LinearDecision] = field(default_factory=list)
+    experts: list[ExpertGroup] = field(default_factory=list)  # kept in high precision
+    emulated: str | None = None  # why the recipe runs emulated on this device, None when native
+    converted_parameters: int = 0
+    total_parameters: int = 0
 
     @property
     def converted(self) -> list[LinearDecision]:
@@ -64,9 +94,25 @@ class PrecisionReport:
     def summary(self) -> str:
         skipped = [d for d in self.linears if not d.converted]
         reasons = sorted({d.reason for d in skipped})
-        return f"precision {self.recipe}: {len(self.converted)} of {len(self.linears)} linears converted" + (
+        text = f"precision {self.recipe}: {len(self.converted)} of {len(self.linears)} linears converted" + (
             f"; kept in high precision: {len(skipped)} ({'; '.join(reasons)})" if skipped else ""
         )
+        if self.experts:
+            counts = sorted({g.num_experts for g in self.experts})
+            kept = sum(g.parameters for g in self.experts)
+            text += (
+                f"; MoE experts kept in high precision: {len(self.experts)} layers x "
+                f"{'/'.join(map(str, counts))} experts ({self._share(kept)} of the parameters: 3D expert weights, "
+                "not nn.Linear)"
+            )
+        if self.total_parameters and self.linears:
+            text += f"; {self._share(self.converted_parameters)} of the parameters run in {self.recipe}"
+        if self.emulated:
+            text += f"; EMULATED here: {self.emulated}"
+        return text
+
+    def _share(self, parameters: int) -> str:
+        return f"{parameters / self.total_parameters:.0%}" if self.total_parameters else "?"
 
 
 def why_unavailable(recipe: str, device: torch.device | str) -> str | None:
@@ -93,6 +139,20 @@ def why_unavailable(recipe: str, device: torch.device | str) -> str | None:
             return f"{recipe} needs {label} (this GPU is {capability[0]}.{capability[1]})"
     if recipe == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return "this GPU has no bf16 support"
+    return None
+
+
+def emulated(recipe: str, device: torch.device | str) -> str | None:
+    """Why `recipe` has no native kernels on `device` (it runs emulated: its numerics, not its speed), or None."""
+    device = torch.device(device)
+    if recipe == "fp8" and not fp8_matmul_native(device):
+        where = "a CPU" if device.type != "cuda" else "this GPU (compute capability < 8.9)"
+        return f"{where} has no fp8 tensor cores: torchao casts to fp8 and back and multiplies in a wider type"
+    if recipe == "bf16":
+        if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return "this CPU has no bf16 instructions (avx512_bf16 / AMX): bf16 matmuls are emulated"
+        if device.type == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported(False):
+            return "this GPU has no bf16 tensor cores (compute capability < 8.0): bf16 is emulated"
     return None
 
 
@@ -176,16 +236,35 @@ def apply_precision(
     report = PrecisionReport(
         recipe, {"scaling": scaling, "min_features": min_features, "keep_first_last_blocks": keep_first_last_blocks}
     )
+    report.emulated = emulated(recipe, device)
     if recipe not in LOW_PRECISION:
         return report
     report.linears = select_linears(model, min_features, keep_first_last_blocks)
+    report.experts = expert_groups(model)
+    report.total_parameters = sum(p.numel() for p in model.parameters())
     chosen = {d.name for d in report.linears if d.converted}
+    report.converted_parameters = sum(model.get_submodule(name).weight.numel() for name in chosen)
+    if report.emulated:
+        logger.warning(
+            f"precision={recipe!r} runs EMULATED on {device}: {report.emulated}. Its numerics are fp8's, its speed "
+            "is not: slower than fp32/bf16 here. Time recipes on the GPU they will run on."
+        )
     if recipe == "fp8":
         _apply_torchao(model, chosen, scaling or "tensorwise")
     else:
         _apply_transformer_engine(model, chosen, recipe, scaling or "current")
     model.precision_report = report
     return report
+
+
+def expert_groups(model: nn.Module) -> list[ExpertGroup]:
+    """Modules holding 3D expert weights (hf_pretrain's and transformers' MoE layout: E x out x in)."""
+    groups = []
+    for name, module in model.named_modules():
+        weights = [p for p in module.parameters(recurse=False) if p.dim() == 3]
+        if weights:
+            groups.append(ExpertGroup(name, weights[0].shape[0], sum(p.numel() for p in weights)))
+    return groups
 
 
 def _apply_torchao(model: nn.Module, chosen: set[str], scaling: str) -> None:

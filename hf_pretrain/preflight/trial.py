@@ -7,10 +7,20 @@ under each recipe, each in a fresh Python process (no kernel cache, allocator st
 graph leaks from one recipe into the next), and reports per recipe: median and 10th-90th
 percentile step time over the steps after `warmup_steps`, tokens/s, peak memory (the CUDA
 allocator's peak on a GPU, the process's peak RSS on a CPU), MFU against spec and measured
-ceiling, mean power where the GPU exposes it, and the loss at the last step. The recommendation is
-the fastest recipe whose last loss is within `loss_tolerance` nats of the best. A recipe that
-cannot run here is listed with the reason, never dropped. `trial.json` and `trial.md` are written
-to the output directory.
+ceiling, mean power where the GPU exposes it, the final loss, and whether the recipe ran
+`emulated` (no native kernels on this device: fp8 off fp8 tensor cores, bf16 on a CPU without
+bf16 instructions; `precision.recipes.emulated`).
+
+Step times are `ThroughputCallback`'s `step_time_s`: CUDA events from step begin to step end on a
+GPU (the optimizer included; the device's own time, not the host's kernel-enqueue time), the host
+clock on a CPU. The final loss is the mean of the last `loss_window` (5) logged losses: one step's
+loss is noise at the 0.05-nat scale the recipes are compared on. The packed blocks separate
+documents by the trial tokenizer's own EOS id.
+
+The recommendation is the fastest *native* recipe whose final loss is within `loss_tolerance`
+nats of the best native one: an emulated recipe is timed on kernels it will not run on, so it is
+recommended only when no native recipe ran. A recipe that cannot run here is listed with the
+reason, never dropped. `trial.json` and `trial.md` are written to the output directory.
 
 N steps rank the recipes; they do not predict the hours a full run saves (warm-up, data, restarts
 and checkpointing are not in them). For torchao's fp8, compile (`--torch-compile`) is what makes
@@ -45,6 +55,7 @@ COLUMNS = (
     "mfu_measured",
     "mean_power_w",
     "final_loss",
+    "emulated",
     "step_time_vs_first",
     "memory_vs_first",
 )
@@ -61,11 +72,13 @@ class TrialSpec:
     seed: int
     data_dir: str
     out_dir: str
+    eos_token_id: int
     torch_compile: bool = False
+    loss_window: int = 5
 
 
-def prepare_trial_data(config, out_dir: Path, seq_len: int) -> Path:
-    """Packed blocks of the embedded corpus with a BPE sized for the config, shared by every recipe."""
+def prepare_trial_data(config, out_dir: Path, seq_len: int) -> tuple[Path, int]:
+    """Packed blocks of the embedded corpus with a BPE sized for the config, shared by every recipe; and its EOS id."""
     from ..data import load_or_train_tokenizer, load_text_dataset, pack_dataset, write_embedded_corpus
 
     data_dir = out_dir / "data"
@@ -74,14 +87,25 @@ def prepare_trial_data(config, out_dir: Path, seq_len: int) -> Path:
     tokenizer, _ = load_or_train_tokenizer(
         data_dir / "tokenizer", splits["train"]["text"], min(config.vocab_size, 8192)
     )
+    if tokenizer.eos_token_id is None:
+        raise ValueError(
+            f"the trial tokenizer in {data_dir / 'tokenizer'} has no eos_token: documents cannot be packed"
+        )
     packed, _ = pack_dataset(splits["train"], tokenizer, seq_len, data_dir / "packed")
     packed.save_to_disk(str(data_dir / "blocks"))
-    return data_dir / "blocks"
+    return data_dir / "blocks", tokenizer.eos_token_id
 
 
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def final_loss(losses: list[float], window: int) -> float:
+    """The mean of the last `window` logged losses (all of them when fewer were logged)."""
+    if not losses:
+        raise ValueError("no loss was logged: the recipe trained no step")
+    return statistics.fmean(losses[-window:])
 
 
 def repeat_to(data, rows: int):
@@ -95,6 +119,7 @@ def run_worker(spec: TrialSpec) -> dict:
 
     from .. import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
     from ..data import PackedDocumentCollator
+    from ..precision.recipes import emulated
     from ..presets import load_config
     from ..telemetry.jsonl import read_jsonl
 
@@ -119,7 +144,10 @@ def run_worker(spec: TrialSpec) -> dict:
         torch_compile=spec.torch_compile,
     )
     trainer = PretrainTrainer(
-        model=PretrainForCausalLM(config), args=args, train_dataset=data, data_collator=PackedDocumentCollator(1)
+        model=PretrainForCausalLM(config),
+        args=args,
+        train_dataset=data,
+        data_collator=PackedDocumentCollator(spec.eos_token_id),
     )
     trainer.train()
     logs = [h for h in read_jsonl(spec.out_dir) if "loss" in h]  # measured values are not in state.log_history
@@ -127,16 +155,19 @@ def run_worker(spec: TrialSpec) -> dict:
     steps = [h["step_time_s"] for h in measured if "step_time_s" in h]
     mean = lambda key: statistics.fmean(v) if (v := [h[key] for h in measured if key in h]) else None  # noqa: E731
     on_gpu = torch.cuda.is_available() and args.device.type == "cuda"
+    if on_gpu:
+        torch.cuda.synchronize()
     peak = (
         torch.cuda.max_memory_allocated() / 2**30
         if on_gpu
         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     )
     median = statistics.median(steps)
+    emulation = emulated(spec.recipe, args.device)
     return {
         "recipe": spec.recipe,
         "status": "ok",
-        "reason": "",
+        "reason": f"emulated: {emulation}" if emulation else "",
         "median_step_s": median,
         "step_s_p10": _percentile(steps, 0.1),
         "step_s_p90": _percentile(steps, 0.9),
@@ -146,7 +177,8 @@ def run_worker(spec: TrialSpec) -> dict:
         "mfu_spec": mean("mfu_spec"),
         "mfu_measured": mean("mfu_measured"),
         "mean_power_w": mean("gpu_power_w"),
-        "final_loss": logs[-1]["loss"],
+        "final_loss": final_loss([h["loss"] for h in logs], spec.loss_window),
+        "emulated": emulation is not None,
     }
 
 
@@ -162,6 +194,7 @@ def run_trial(
     seed: int = 0,
     torch_compile: bool = False,
     timeout_s: float = 3600,
+    loss_window: int = 5,
 ) -> dict:
     """Run every recipe in a fresh process; write trial.json / trial.md; return the result dict."""
     from ..precision.recipes import RECIPES, why_unavailable
@@ -169,13 +202,15 @@ def run_trial(
 
     if warmup_steps >= steps:
         raise ValueError(f"warmup_steps={warmup_steps} is invalid: it must be below steps={steps}.")
+    if not 1 <= loss_window <= steps:
+        raise ValueError(f"loss_window={loss_window} is invalid: average between 1 and steps={steps} losses.")
     unknown = [r for r in recipes if r not in RECIPES]
     if unknown:
         raise ValueError(f"recipes={unknown} are unknown; use any of {list(RECIPES)}.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     seq_len = seq_len or load_config(config).max_position_embeddings  # the real config's context by default
-    data_dir = prepare_trial_data(load_config(config), out, seq_len)
+    data_dir, eos_token_id = prepare_trial_data(load_config(config), out, seq_len)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     for recipe in recipes:
@@ -193,10 +228,12 @@ def run_trial(
             seed,
             str(data_dir),
             str(out / recipe),
+            eos_token_id,
             torch_compile,
+            loss_window,
         )
         rows.append(_run_in_fresh_process(spec, out / f"{recipe}.json", timeout_s))
-    result = summarize(rows, steps, warmup_steps, loss_tolerance)
+    result = summarize(rows, steps, warmup_steps, loss_tolerance, loss_window)
     (out / "trial.json").write_text(json.dumps(result, indent=2))
     (out / "trial.md").write_text(to_markdown(result))
     return result
@@ -226,8 +263,8 @@ def _run_in_fresh_process(spec: TrialSpec, result_path: Path, timeout_s: float) 
     return json.loads(result_path.read_text())
 
 
-def summarize(rows: list[dict], steps: int, warmup_steps: int, loss_tolerance: float) -> dict:
-    """Ratios against the first recipe that ran, and the recommendation."""
+def summarize(rows: list[dict], steps: int, warmup_steps: int, loss_tolerance: float, loss_window: int = 5) -> dict:
+    """Ratios against the first recipe that ran, and the recommendation (a native recipe whenever one ran)."""
     ok = [r for r in rows if r["status"] == "ok"]
     full = [{c: r.get(c) for c in COLUMNS} for r in rows]
     recommendation = None
@@ -237,13 +274,15 @@ def summarize(rows: list[dict], steps: int, warmup_steps: int, loss_tolerance: f
             if row["status"] == "ok":
                 row["step_time_vs_first"] = row["median_step_s"] / first["median_step_s"]
                 row["memory_vs_first"] = row["peak_memory_gib"] / first["peak_memory_gib"]
-        best_loss = min(r["final_loss"] for r in ok)
-        close = [r for r in ok if r["final_loss"] <= best_loss + loss_tolerance]
+        pool = [r for r in ok if not r.get("emulated")] or ok  # emulated only when nothing native ran
+        best_loss = min(r["final_loss"] for r in pool)
+        close = [r for r in pool if r["final_loss"] <= best_loss + loss_tolerance]
         recommendation = min(close, key=lambda r: r["median_step_s"])["recipe"]
     return {
         "steps": steps,
         "warmup_steps": warmup_steps,
         "loss_tolerance": loss_tolerance,
+        "loss_window": loss_window,
         "rows": full,
         "recommendation": recommendation,
         "note": CAVEAT,
@@ -264,7 +303,7 @@ def to_markdown(result: dict) -> str:
         "peak memory GiB",
         "MFU spec / measured",
         "power W",
-        "last loss",
+        "final loss",
         "time vs first",
         "memory vs first",
     ]
@@ -277,7 +316,7 @@ def to_markdown(result: dict) -> str:
             "| "
             + " | ".join(
                 [
-                    r["recipe"],
+                    r["recipe"] + (" (emulated)" if r.get("emulated") else ""),
                     f"{_fmt(r['median_step_s'])} ({_fmt(r['step_s_p10'])}-{_fmt(r['step_s_p90'])})",
                     f"{r['tokens_per_second']:,.0f}",
                     f"{_fmt(r['peak_memory_gib'])} ({r['memory_kind']})",
@@ -298,7 +337,13 @@ def to_markdown(result: dict) -> str:
             "",
             *lines,
             "",
-            f"Recommendation: **{recommendation}** (fastest whose last loss is within {result['loss_tolerance']} nats of the best).",
+            f"Recommendation: **{recommendation}** (the fastest native recipe whose final loss, the mean of the last "
+            f"{result.get('loss_window', 5)} logged, is within {result['loss_tolerance']} nats of the best native one).",
+            *(
+                [f"Emulated here (their times are not the device's): {', '.join(emulated_rows)}."]
+                if (emulated_rows := [r["recipe"] for r in result["rows"] if r.get("emulated")])
+                else []
+            ),
             "",
             result["note"],
             "",

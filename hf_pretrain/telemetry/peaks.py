@@ -5,9 +5,17 @@ TFLOP/s per GPU, keyed by a substring of `torch.cuda.get_device_name()` and by p
 (`bf16`, `fp8`, `fp4`); where a sheet only quotes sparse figures they are halved. A chip missing
 from the table gets no spec MFU at all (reported as unavailable, with one message asking for
 `peak_tflops`), never a made-up 0.00. The measured ceiling is what a large matmul in the run's
-dtype reaches on this very device at start-up: a spec can be unreachable (power-capped boxes,
-consumer cards), and MFU against the measured ceiling says how much of the *reachable* speed the
-run uses. Both are logged.
+GEMM precision reaches on this very device at start-up: a spec can be unreachable (power-capped
+boxes, consumer cards), and MFU against the measured ceiling says how much of the *reachable*
+speed the run uses. Both are logged, on one basis: the same precision for both denominators.
+
+FP8: the ceiling of an fp8 recipe is measured with fp8 GEMMs (`torch._scaled_mm` on e4m3 operands,
+bf16 output, unit scales: the kernel torchao's float8 linears call), which run about twice as fast
+as bf16 ones; a bf16 ceiling would let an fp8 run's MFU pass 1.0. Only chips with fp8 tensor
+cores have such a GEMM (CUDA compute capability >= 8.9: Ada, Hopper, Blackwell): anywhere else
+(`fp8_matmul_native` is False: a CPU, an A100) fp8 is emulated by up-casting, there is no fp8
+ceiling to measure, and `ceiling_dtype` returns None (no `mfu_measured` for that run). FP4 has no
+plain matmul in PyTorch (its GEMMs need block scales): no measured ceiling either.
 """
 
 from __future__ import annotations
@@ -51,6 +59,32 @@ def spec_tflops(device_name: str, precision: str) -> float | None:
     return None
 
 
+def fp8_matmul_native(device: torch.device | str) -> bool:
+    """Whether `device` has fp8 tensor cores: a CUDA GPU of compute capability >= 8.9 (on ROCm: MI300 and newer)."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def fp8_dtype() -> torch.dtype:
+    """The e4m3 float8 type of this build: `float8_e4m3fnuz` on ROCm, `float8_e4m3fn` elsewhere."""
+    return torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
+
+
+def ceiling_dtype(precision: str, device: torch.device | str) -> torch.dtype | None:
+    """The matmul dtype whose ceiling is the denominator of `mfu_measured` for a run's GEMM precision.
+
+    `precision` is `telemetry.throughput.precision_of(args)` (`fp32`, `bf16`, `fp16`, `fp8`, `fp4`).
+    None when this device has no native matmul in that precision (fp8 off fp8 tensor cores, fp4).
+    """
+    if precision == "fp8":
+        return fp8_dtype() if fp8_matmul_native(device) else None
+    if precision == "fp4":
+        return None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+
+
 def device_name(device: torch.device | str) -> str:
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
@@ -71,17 +105,33 @@ class MeasuredCeiling:
 def measure_matmul_tflops(
     device: torch.device | str, dtype: torch.dtype, size: int | None = None, seconds: float = 0.5
 ) -> MeasuredCeiling:
-    """TFLOP/s of repeated square matmuls in `dtype` on `device` for about `seconds` (after one warm-up)."""
+    """TFLOP/s of repeated square matmuls in `dtype` on `device` for about `seconds` (after one warm-up).
+
+    A float8 `dtype` runs `torch._scaled_mm` (e4m3 x e4m3 -> bf16, unit scales, the second operand
+    column-major as the kernel wants it); other dtypes a plain `a @ b`.
+    """
     device = torch.device(device)
     size = size or (8192 if device.type == "cuda" else 1024)
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
+    if dtype.is_floating_point and dtype.itemsize == 1:  # float8
+        a = torch.randn(size, size, device=device).to(dtype)
+        b = torch.randn(size, size, device=device).to(dtype).t()  # column-major
+        one = torch.ones((), device=device)
+
+        def matmul():
+            return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    else:
+        a = torch.randn(size, size, device=device, dtype=dtype)
+        b = torch.randn(size, size, device=device, dtype=dtype)
+
+        def matmul():
+            return a @ b
+
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    a @ b
+    matmul()
     sync()
     runs, start = 0, time.perf_counter()
     while True:
-        a @ b
+        matmul()
         runs += 1
         if runs % 4 == 0:
             sync()

@@ -1,32 +1,59 @@
-"""`StragglerCallback`: per-rank compute, wait and data wait; names the slow rank (and any under-clocked one).
+"""`StragglerCallback`: per-rank compute, wait and data wait on the device's own clock; names the slow rank.
 
-Each rank measures, per optimizer step:
-- compute: its own forward/backward work, summed over the micro-batches of the step
-  (`PretrainTrainer.training_step` reports each one), where the last micro-batch ends when its
-  last gradient bucket is ready to be reduced (a DDP communication hook stamps the buckets);
-- wait: the rest of the step: blocked in collectives (the gradient all-reduce, the token-count
-  gathers transformers does per micro-batch), plus fetching the accumulation's micro-batches;
-- data wait: from the end of the previous optimizer step until this one starts (the data loader;
-  it also holds that step's logging, evaluation or checkpointing when they ran).
-Every `every` steps the ranks exchange the medians of their window with their SM clock, power,
-utilization and memory (one small all_gather), and each rank gets a score = best rank's median
-compute / its own. A rank below `threshold` (default 0.75) is a straggler:
-"rank 1 (node-b) 1.9x slower, SM 600/2190 MHz, 30 W, no throttle flag; rank 0 waits 3.3 s of 7.2 s".
-An under-clocked rank (the `underclock_warning` rule on its gathered reading) is reported by rank
-0 as well, so a problem on any rank reaches the logs, `report_to`, the JSONL stream and the report.
-Timestamps are taken on the host: exact on CPU/gloo; on GPUs they are launch times, so a slow GPU
-shows up in `wait_s` of the others and in the step time more than in its own `compute_s`.
+What each rank times, per optimizer step, with `telemetry/timing.py` (CUDA events on a GPU, read a
+step or more later so that nothing stalls; the host clock on a CPU):
+- `step_s`: from step begin to step end, the optimizer included;
+- `compute_s`: its forward/backward, summed over the micro-batches of the step
+  (`PretrainTrainer.training_step` reports each through `before_micro_batch` /
+  `record_micro_batch`). Under DDP a communication hook marks when the last gradient bucket of
+  the synchronising micro-batch is ready, and the micro-batch's compute ends there: what follows
+  is the all-reduce, i.e. waiting for the other ranks. It is read on the clock of the rank's own
+  work (`DeviceClock.work_mark`): device time on a GPU, this thread's CPU time on a CPU, so that a
+  CPU rank that other processes preempt on a shared machine is not taken for a straggler;
+- `wait_s` = `step_s` - the wall time of those compute windows: blocked in collectives, the
+  optimizer, the token-count gathers (on a GPU `compute_s + wait_s = step_s`; on a CPU the time it
+  was preempted inside its compute is in neither);
+- `local_s`: the forward time of its linear layers (`nn.Linear`, torchao's and Transformer Engine's
+  low-precision ones), each timed on its own (a pre- and a post-forward hook per linear), summed. No engine puts a collective *inside* a linear's forward:
+  DeepSpeed ZeRO-3 and FSDP gather a module's weights in hooks that run before ours, DDP and
+  ZeRO-1/2 communicate in backward or the optimizer. So `local_s` is this rank's own matmul work
+  under every engine, never a wait;
+- `data_wait_s`: from the end of the previous step to the start of this one (the data loader, the
+  previous step's logging, evaluation or saving), on the device clock: time the device idled.
+
+Why two compute measures. On a GPU the host only enqueues kernels, so a slow device does not make
+its own host slower: its slowness appears as *wait* on every other rank. Device clocks fix that for
+DDP: the fast ranks' events stop at their last bucket while the slow rank's run to its own. Under
+DeepSpeed and FSDP there is no such hook, and every collective inside forward/backward (ZeRO-3's
+and FSDP's parameter all-gathers, ZeRO-2's reduce-scatters, the all-gather after ZeRO-1/2's
+optimizer, which DeepSpeed runs inside `backward`) makes each rank wait for the slowest *inside*
+its micro-batch: `compute_s` comes out equal on all ranks and can never name one. There the rule
+reads `local_s` instead.
+
+The rule (`straggler_report`, one function for every engine; rows from every rank). Every `every`
+steps the ranks exchange their window's medians with their SM clock, power, utilization, throttle
+reasons and memory (one small all_gather). If every rank's `compute_s` is its own work (CPU
+ranks, DDP with the bucket hook, one process) the score of a rank is the best `compute_s` / its
+own; else the best `local_s` / its own. A rank with a score below `threshold` (0.75) is a
+straggler: "rank 1 (node-b) 1.8x slower, SM 600/2190 MHz, 30 W, no throttle flag; rank 0 waits
+3.3 s of 7.2 s" (the waits where they are measured). An under-clocked rank (the one rule of
+`underclock.py`, on its gathered reading) is reported by rank 0 as well, so a problem on any rank
+reaches the logs, `report_to`, the JSONL stream and the report. `local_s` is not timed under
+`torch.compile` (hooks would break the graph): compiled DeepSpeed/FSDP runs keep only the
+compute measure, which cannot see a straggler there.
 
 Logs at the next logging step after an exchange (rank 0's logs carry every rank):
-`compute_s`, `wait_s`, `data_wait_s`, `step_s` (this rank's medians), `straggler_score_min`,
-`rank{r}_compute_s`, `rank{r}_wait_s`, `rank{r}_data_wait_s`, `rank{r}_score`,
+`compute_s`, `local_s`, `wait_s`, `data_wait_s`, `step_s` (this rank's medians),
+`straggler_score_min`, `rank{r}_compute_s`, `rank{r}_local_s`, `rank{r}_wait_s`, `rank{r}_data_wait_s`, `rank{r}_score`,
 `rank{r}_sm_clock_mhz`, `rank{r}_power_w`, `rank{r}_memory_gib` (the last three where the device
 exposes them), and when something fires: `straggler_warning` (text, the first since the previous
 log), `straggler_warnings` (how many exchanges flagged one since then), `straggler_slowest_rank`,
 and `underclock_warning` / `underclock_rank` for another rank's under-clock.
 
-Test-only knob: `HF_PRETRAIN_TEST_SLOW_RANK="RANK:SECONDS"` makes that rank sleep SECONDS at the
-start of every micro-batch, so the detector can be tested for real on CPU ranks.
+Test-only knob: `HF_PRETRAIN_TEST_SLOW_RANK="RANK:SECONDS"` makes that rank slow by SECONDS at the
+start of every micro-batch, so the detector can be tested for real: on a CPU the host works (spins)
+that long, on a GPU the device sleeps (`torch.cuda._sleep`, its cycles per second measured once at
+the start), the way a slow GPU is slow while its host is not.
 """
 
 from __future__ import annotations
@@ -41,32 +68,78 @@ import torch.distributed as dist
 from transformers.utils import logging
 
 from ..callback import PretrainCallback
-from .sensors import LIMITING_REASONS
+from .sensors import LIMITING_REASONS, THROTTLE_REASONS
+from .timing import DeviceClock, PendingIntervals
 from .underclock import underclock_warning
 
 logger = logging.get_logger(__name__)
 
-TIMES = ("compute_s", "wait_s", "data_wait_s", "step_s")
-FIELDS = (*TIMES, "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "utilization_pct", "memory_gib", "throttled")
+TIMES = ("compute_s", "local_s", "wait_s", "data_wait_s", "step_s")
+SENSORS = ("sm_clock_mhz", "sm_clock_max_mhz", "power_w", "utilization_pct", "memory_gib")
+# wait_free: 1 when compute_s is this rank's own work (no collective inside it); reasons: NVML's mask, -1 unknown;
+# steps: how many timed steps the medians cover (0 on a GPU whose first steps are not read yet: no verdict then)
+FIELDS = (*TIMES, *SENSORS, "reasons", "wait_free", "steps")
 SLOW_RANK_KNOB = "HF_PRETRAIN_TEST_SLOW_RANK"
+REASON_BITS = {name: bit for bit, name in THROTTLE_REASONS.items()}
 
 
 def _secs(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds >= 1 else f"{seconds:.2f} s"
 
 
+def straggler_basis(rows: list[dict]) -> str:
+    """`compute` when every rank's compute is its own work, else `local` (when every rank timed its linears)."""
+    if all(r.get("wait_free", 0) > 0 for r in rows):
+        return "compute"
+    return "local" if all(r.get("local_s", 0) > 0 for r in rows) else "compute"
+
+
+def straggler_scores(rows: list[dict]) -> tuple[list[float], str]:
+    """Per rank: the best rank's time / its own, on the basis of `straggler_basis`; and the basis."""
+    basis = straggler_basis(rows)
+    values = [r[f"{basis}_s"] for r in rows]
+    best = min(values)
+    if best <= 0:  # a rank without a timed step: nothing to compare
+        return [1.0] * len(rows), basis
+    return [best / v for v in values], basis
+
+
+def reasons_mask(reasons: str | None) -> float:
+    """NVML's clocks-event mask from the decoded names (`gpu_throttle_reasons`), -1 when unknown."""
+    if reasons is None:
+        return -1.0
+    return float(sum(REASON_BITS.get(name, 0) for name in reasons.split(",")))
+
+
+def reading_of(row: dict) -> dict:
+    """A sensor reading (the keys of `telemetry/sensors.py`) from a gathered row: what is -1 was not read."""
+    reading = {}
+    for field, key in (
+        ("sm_clock_mhz", "gpu_sm_clock_mhz"),
+        ("sm_clock_max_mhz", "gpu_sm_clock_max_mhz"),
+        ("power_w", "gpu_power_w"),
+        ("utilization_pct", "gpu_utilization_pct"),
+    ):
+        if row.get(field, -1) >= 0:
+            reading[key] = row[field]
+    mask = int(row.get("reasons", -1))
+    if mask >= 0:
+        reading["gpu_throttle_reasons"] = ",".join(n for b, n in THROTTLE_REASONS.items() if mask & b) or "none"
+    return reading
+
+
 def straggler_report(rows: list[dict], hosts: list[str], threshold: float) -> tuple[dict, str | None]:
     """Scores per rank from each rank's medians; the warning text when one is below `threshold`."""
-    best = min(r["compute_s"] for r in rows)
+    scores, basis = straggler_scores(rows)
     metrics: dict[str, float | str] = {}
     for rank, row in enumerate(rows):
-        metrics[f"rank{rank}_score"] = best / row["compute_s"] if row["compute_s"] > 0 else 1.0
-        for key in ("compute_s", "wait_s", "data_wait_s"):
-            metrics[f"rank{rank}_{key}"] = row[key]
+        metrics[f"rank{rank}_score"] = scores[rank]
+        for key in ("compute_s", "local_s", "wait_s", "data_wait_s"):
+            if key in row:
+                metrics[f"rank{rank}_{key}"] = row[key]
         for key in ("sm_clock_mhz", "power_w", "memory_gib"):
             if row.get(key, -1) >= 0:
                 metrics[f"rank{rank}_{key}"] = row[key]
-    scores = [metrics[f"rank{r}_score"] for r in range(len(rows))]
     metrics["straggler_score_min"] = min(scores)
     slow = [r for r, s in enumerate(scores) if s < threshold]
     if not slow:
@@ -77,21 +150,30 @@ def straggler_report(rows: list[dict], hosts: list[str], threshold: float) -> tu
     for rank in slow:
         row = rows[rank]
         text = f"rank {rank} ({hosts[rank]}) {1 / scores[rank]:.1f}x slower"
-        if row["sm_clock_mhz"] >= 0:
-            text += f", SM {row['sm_clock_mhz']:.0f}/{rows[fastest]['sm_clock_mhz']:.0f} MHz"
-            text += f", {row['power_w']:.0f} W" if row["power_w"] >= 0 else ""
-            text += ", throttle flag set" if row["throttled"] > 0 else ", no throttle flag"
+        text += "" if basis == "compute" else " in its forward matmuls"
+        if row.get("sm_clock_mhz", -1) >= 0:
+            fast_clock = rows[fastest].get("sm_clock_mhz", -1)
+            text += f", SM {row['sm_clock_mhz']:.0f}" + (f"/{fast_clock:.0f} MHz" if fast_clock >= 0 else " MHz")
+            text += f", {row['power_w']:.0f} W" if row.get("power_w", -1) >= 0 else ""
+            mask = int(row.get("reasons", -1))
+            if mask >= 0:
+                limiting = set(reading_of(row)["gpu_throttle_reasons"].split(",")) & LIMITING_REASONS
+                text += ", throttle flag set" if limiting else ", no throttle flag"
         parts.append(text)
-    waits = [
-        f"rank {r} waits {_secs(rows[r]['wait_s'])} of {_secs(rows[r]['step_s'])}"
-        for r in range(len(rows))
-        if r not in slow
-    ]
-    return metrics, "; ".join(parts) + ("; " + ", ".join(waits) if waits else "")
+    if basis == "compute":
+        waits = [
+            f"rank {r} waits {_secs(rows[r]['wait_s'])} of {_secs(rows[r]['step_s'])}"
+            for r in range(len(rows))
+            if r not in slow
+        ]
+        tail = "; " + ", ".join(waits) if waits else ""
+    else:  # ZeRO / FSDP: the others' wait sits inside their collectives, not separable from their compute
+        tail = f"; the other ranks wait for it inside the collectives (step {_secs(rows[fastest]['step_s'])})"
+    return metrics, "; ".join(parts) + tail
 
 
 def _hook_ddp(model) -> bool:
-    """Install one timing comm hook per DDP model; it reports to `model._hf_pretrain_timer` (the current callback)."""
+    """Install one timing comm hook per DDP model; it marks bucket readiness on `model._hf_pretrain_timer`."""
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return False
     if getattr(model, "_hf_pretrain_hooked", False):
@@ -101,14 +183,8 @@ def _hook_ddp(model) -> bool:
     def timing_hook(process_group, bucket):
         timer = getattr(model, "_hf_pretrain_timer", None)
         if timer is not None:
-            timer._ready = time.perf_counter()
-
-        def done(fut):
-            if timer is not None:
-                timer._done = time.perf_counter()
-            return fut.value()
-
-        return default_hooks.allreduce_hook(process_group, bucket).then(done)
+            timer._ready = timer._marks()  # on the compute stream: when the bucket's last gradient is done
+        return default_hooks.allreduce_hook(process_group, bucket)
 
     try:
         model.register_comm_hook(model.process_group, timing_hook)
@@ -117,6 +193,31 @@ def _hook_ddp(model) -> bool:
         return False
     model._hf_pretrain_hooked = True
     return True
+
+
+def _cycles_per_second(device) -> float:
+    """GPU clock cycles per second of `torch.cuda._sleep` on `device`, measured once (the test knob's unit)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 10_000_000
+    with torch.cuda.device(device):
+        torch.cuda._sleep(cycles)  # warm-up
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+    return cycles / (start.elapsed_time(end) / 1000)
+
+
+def _is_linear(module) -> bool:
+    """`nn.Linear` and its subclasses (torchao's Float8Linear), and Transformer Engine's `Linear`."""
+    kind = type(module)
+    return isinstance(module, torch.nn.Linear) or (
+        kind.__name__ == "Linear" and kind.__module__.startswith("transformer_engine")
+    )
+
+
+def _compiled(trainer, model) -> bool:
+    return bool(getattr(getattr(trainer, "args", None), "torch_compile", False)) or hasattr(model, "_orig_mod")
 
 
 class StragglerCallback(PretrainCallback):
@@ -130,21 +231,55 @@ class StragglerCallback(PretrainCallback):
         self.trainer = None  # set by PretrainTrainer: the DDP model is found through it
         self.warnings: list[tuple[int, str]] = []
         self._pending: dict = {}
+        self._handles: list = []
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.rank, self.world = args.process_index, args.world_size
         self.device = args.device
+        self.clock = DeviceClock(args.device)
+        self.steps = PendingIntervals(self.clock)
         self.host = socket.gethostname()
         knob = os.environ.get(SLOW_RANK_KNOB, "")
         rank, _, seconds = knob.partition(":")
         self.sleep = float(seconds) if knob and int(rank) == self.rank else 0.0
+        self._sleep_cycles = _cycles_per_second(self.device) * self.sleep if self.sleep and self.clock.cuda else 0
         self.window: dict[str, list[float]] = {k: [] for k in TIMES}
-        self._last_end = None
-        model = getattr(self.trainer, "model_wrapped", None)
-        self.hooked = _hook_ddp(model)
+        self._last_end = self._begin = None
+        self._ready = None
+        self._in_step = False
+        wrapped = getattr(self.trainer, "model_wrapped", None)
+        self.hooked = _hook_ddp(wrapped)
         if self.hooked:
-            model._hf_pretrain_timer = self
+            wrapped._hf_pretrain_timer = self
+        self.wait_free = self.hooked or self.world == 1
+        self._hook_linears(getattr(self.trainer, "model", None) or kwargs.get("model"), wrapped)
         self.hosts = self._gather_hosts() if self.world > 1 else [self.host]
+
+    def _hook_linears(self, model, wrapped) -> None:
+        self._remove_hooks()
+        if model is None or _compiled(self.trainer, wrapped):
+            return
+        for module in model.modules():
+            if _is_linear(module):
+                self._handles.append(module.register_forward_pre_hook(self._linear_begin))
+                self._handles.append(module.register_forward_hook(self._linear_end))
+
+    def _linear_begin(self, module, args):
+        if self._in_step:
+            self._linear_start = self.clock.work_mark()
+
+    def _linear_end(self, module, args, output):
+        if self._in_step and self._linear_start is not None:
+            self._local.append((self._linear_start, self.clock.work_mark()))
+            self._linear_start = None
+
+    def _remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._remove_hooks()
 
     def _gather_hosts(self) -> list[str]:
         hosts = [None] * self.world
@@ -152,31 +287,56 @@ class StragglerCallback(PretrainCallback):
         return hosts
 
     def on_step_begin(self, args, state, control, **kwargs):
-        now = time.perf_counter()
-        self._data_wait = now - self._last_end if self._last_end is not None else 0.0
-        self._start, self._micro = now, []
+        self._begin = self.clock.mark()
+        self._micro, self._micro_wall, self._local, self._linear_start = [], [], [], None
+        self._in_step = True
+
+    def _marks(self) -> tuple:
+        """(wall, work) marks of one instant: one CUDA event for both on a GPU."""
+        wall = self.clock.mark()
+        return (wall, wall) if self.clock.cuda else (wall, self.clock.work_mark())
 
     def before_micro_batch(self) -> None:
-        """Called by PretrainTrainer.training_step before each micro-batch (the test knob sleeps here)."""
-        if self.sleep:
-            time.sleep(self.sleep)
-        self._ready = self._done = None
+        """Called by PretrainTrainer.training_step before each micro-batch (the test knob slows the rank here)."""
+        self._micro_start = self._marks()
+        if self._sleep_cycles:
+            torch.cuda._sleep(int(self._sleep_cycles))  # the device is slow, its host is not
+        elif self.sleep:  # a CPU rank is slow by working longer (busy, so that its CPU time shows it)
+            end = time.perf_counter() + self.sleep
+            while time.perf_counter() < end:
+                pass
+        self._ready = None
 
     def record_micro_batch(self, start: float, end: float) -> None:
-        """Called by PretrainTrainer.training_step after each micro-batch's forward and backward."""
-        if self._ready is not None and start <= self._ready <= end:
-            end = self._ready  # the sync micro-batch: local work ends when the last bucket is ready
-        self._micro.append(end - start)
+        """Called by PretrainTrainer.training_step after each micro-batch's forward and backward.
+
+        `start` / `end` are the trainer's host times; the marks taken here and in `before_micro_batch`
+        are on the device clock. The sync micro-batch's local work ends when its last bucket is ready.
+        """
+        end = self._ready if self._ready is not None else self._marks()
+        self._micro_wall.append((self._micro_start[0], end[0]))
+        self._micro.append((self._micro_start[1], end[1]))
+        self._ready = None
 
     def on_step_end(self, args, state, control, **kwargs):
-        end = time.perf_counter()
-        step = end - self._start
-        compute = min(sum(self._micro), step) if self._micro else step
-        self.window["compute_s"].append(compute)
-        self.window["wait_s"].append(step - compute)
-        self.window["data_wait_s"].append(self._data_wait)
-        self.window["step_s"].append(step)
-        self._last_end = end
+        if self._begin is None:  # a step whose begin we did not see (attached mid-step)
+            return
+        end = self.clock.mark()
+        record = {"step": (self._begin, end), "compute": self._micro, "local": self._local}
+        record["compute_wall"] = self._micro if self.clock.cuda else self._micro_wall  # (one set of events on a GPU)
+        if self._last_end is not None:
+            record["data_wait"] = (self._last_end, self._begin)
+        self.steps.push(record)
+        self._last_end, self._begin, self._in_step = end, None, False
+        for done in self.steps.pop_done():
+            step = done["step"]
+            compute = min(done["compute"], step) if done["compute"] > 0 else step
+            compute_wall = min(done["compute_wall"], step) if done["compute_wall"] > 0 else step
+            self.window["compute_s"].append(compute)
+            self.window["local_s"].append(done["local"])
+            self.window["wait_s"].append(step - compute_wall)
+            self.window["data_wait_s"].append(done.get("data_wait", 0.0))
+            self.window["step_s"].append(step)
         if state.global_step % self.every == 0:
             self._exchange(state.global_step)
 
@@ -191,19 +351,22 @@ class StragglerCallback(PretrainCallback):
             ("memory_gib", "gpu_memory_used_gib"),
         ):
             row[field] = float(latest.get(key, -1))
-        reasons = set(str(latest.get("gpu_throttle_reasons", "none")).split(","))
-        row["throttled"] = float(bool(reasons & LIMITING_REASONS))
+        row["reasons"] = reasons_mask(latest.get("gpu_throttle_reasons"))
+        row["wait_free"] = float(self.wait_free)
+        row["steps"] = float(len(self.window["step_s"]))
         return row
 
     def _exchange(self, step: int) -> None:
         local = self._local_row()
-        self.window = {k: [] for k in self.window}
         rows = [local]
         if self.world > 1:
             mine = torch.tensor([local[k] for k in FIELDS], dtype=torch.float64, device=self.device)
             gathered = [torch.zeros_like(mine) for _ in range(self.world)]
             dist.all_gather(gathered, mine)
             rows = [dict(zip(FIELDS, t.tolist())) for t in gathered]
+        if min(r["steps"] for r in rows) == 0:  # some rank has no step read yet (GPU events pending): next time
+            return
+        self.window = {k: [] for k in self.window}
         metrics, warning = straggler_report(rows, self.hosts, self.threshold)
         metrics.update({k: local[k] for k in TIMES})
         if warning:
@@ -216,16 +379,7 @@ class StragglerCallback(PretrainCallback):
         for rank, row in enumerate(rows):  # other ranks' under-clock reaches rank 0's logs here
             if rank == self.rank:
                 continue  # this rank's own is UnderclockCallback's
-            reading = {
-                "gpu_sm_clock_mhz": row["sm_clock_mhz"],
-                "gpu_sm_clock_max_mhz": row["sm_clock_max_mhz"],
-                "gpu_utilization_pct": row["utilization_pct"],
-                "gpu_power_w": row["power_w"],
-                "gpu_throttle_reasons": "sw_power_cap" if row["throttled"] else "none",
-            }
-            if row["sm_clock_mhz"] < 0:
-                continue
-            text = underclock_warning(reading, self.underclock_threshold, rank=rank, host=self.hosts[rank])
+            text = underclock_warning(reading_of(row), self.underclock_threshold, rank=rank, host=self.hosts[rank])
             if text:
                 metrics.setdefault("underclock_warning", text)
                 metrics.setdefault("underclock_rank", rank)

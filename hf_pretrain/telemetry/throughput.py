@@ -3,13 +3,18 @@
 Logged at every logging step (merged into the Trainer's logs by `PretrainTrainer`, so they reach
 the console, `report_to` and the JSONL stream alike):
 
-- `step_time_s`: mean wall time of the optimizer steps since the previous log
+- `step_time_s`: mean time of the optimizer steps since the previous log, from step begin to step
+  end, forward, backward and the optimizer included: CUDA events on a GPU (the device's own time,
+  read a step or more later so that nothing waits for them: `telemetry/timing.py`), the host
+  clock on a CPU. Never the time the host took to enqueue the kernels.
 - `tokens_per_second`: real tokens of all ranks per second over that interval
 - `tokens_per_second_per_rank`: the same divided by the world size
 - `model_tflops_per_second_per_rank`: `flops_per_token` x tokens/s per rank
-- `mfu_spec`: against the chip's spec peak for the run's precision (`telemetry/peaks.py`);
+- `mfu_spec`: against the chip's spec peak for the run's GEMM precision (`telemetry/peaks.py`);
   left out, with one message asking for `peak_tflops`, when the chip or precision is unknown
-- `mfu_measured`: against a large-matmul ceiling measured on this device at start-up
+- `mfu_measured`: against a large-matmul ceiling measured on this device at start-up in the same
+  GEMM precision (fp8 recipes: fp8 `torch._scaled_mm`); left out, with one message, where the
+  device has no native GEMM in that precision (fp8 emulated on a CPU or a pre-Ada GPU, fp4)
 - `eta_seconds`: remaining optimizer steps x the interval's wall time per step (logging, evaluation
   and saving included)
 
@@ -19,8 +24,15 @@ needs no `include_num_input_tokens_seen`); when the batches carry no tokens (no 
 no throughput and no MFU: they are left out rather than logged as 0. Without a sequence length (rows
 without `input_ids`, a config without `max_position_embeddings`) there are no FLOPs, so no MFU.
 
-FLOPs per token come from `telemetry/flops.py` (windows honoured per layer; causal context). With
-packed documents the real context is shorter than the block, so MFU is a slight overestimate there.
+One basis for both MFUs: numerator = model FLOPs (`telemetry/flops.py`: 6 x matmul parameters +
+attention over the keys each query really sees, windows honoured per layer; recomputation under
+activation checkpointing is not counted) x tokens per second per rank; denominator = one device's
+dense peak in the run's GEMM precision (`precision_of`: the recipe's for fp8/fp4 recipes, else the
+autocast dtype): the spec sheet's for `mfu_spec`, the measured ceiling's for `mfu_measured`.
+With an fp8 recipe the attention and the LM head still run in bf16, so both MFUs read lower than
+the same run would against a bf16 peak: compare recipes by tokens/s, and MFUs within one recipe.
+With packed documents the real context is shorter than the block, so MFU is a slight
+overestimate there.
 """
 
 from __future__ import annotations
@@ -28,13 +40,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import torch
 from transformers import TrainerState
 from transformers.utils import logging
 
 from ..callback import PretrainCallback
 from .flops import flops_per_token
-from .peaks import device_name, measure_matmul_tflops, spec_tflops
+from .peaks import ceiling_dtype, device_name, measure_matmul_tflops, spec_tflops
+from .timing import DeviceClock, PendingIntervals
 
 logger = logging.get_logger(__name__)
 
@@ -88,24 +100,31 @@ class ThroughputCallback(PretrainCallback):
                 "Pass peak_tflops=<dense TFLOP/s of one device> (PretrainingArguments.peak_tflops)."
             )
         if self.measure_ceiling:
-            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-            if precision in (
-                "fp8",
-                "fp4",
-            ):  # the recipes keep bf16 around their matmuls on a GPU; CPU emulation is fp32
-                dtype = torch.bfloat16 if args.bf16 else torch.float32
-            self.measured = measure_matmul_tflops(args.device, dtype).tflops
+            dtype = ceiling_dtype(precision, args.device)
+            if dtype is None:
+                logger.warning(
+                    f"mfu_measured is unavailable: {name!r} has no native {precision} matmul to measure a ceiling "
+                    f"with (the {precision} recipe runs emulated here); mfu_spec, tokens/s and step time stand."
+                )
+            else:
+                self.measured = measure_matmul_tflops(args.device, dtype).tflops
         self._once = {
             k: round(v, 2) for k, v in (("peak_tflops_spec", self.spec), ("peak_tflops_measured", self.measured)) if v
         }
         self._interval = (time.perf_counter(), self.tokens_seen(state), state.global_step)
+        self.clock = DeviceClock(args.device)
+        self._pending = PendingIntervals(self.clock)
         self._step_times: list[float] = []
+        self._step_start = None
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self._step_start = time.perf_counter()
+        self._step_start = self.clock.mark()
 
     def on_step_end(self, args, state, control, **kwargs):
-        self._step_times.append(time.perf_counter() - self._step_start)
+        if self._step_start is not None:
+            self._pending.push({"step": (self._step_start, self.clock.mark())})
+        self._step_start = None
+        self._step_times += [r["step"] for r in self._pending.pop_done()]
 
     def metrics_for_log(self, state) -> dict[str, float]:
         """Metrics over the interval since the previous call (PretrainTrainer merges them into each training log)."""
@@ -113,6 +132,7 @@ class ThroughputCallback(PretrainCallback):
         start, tokens0, step0 = self._interval
         self._interval = (now, self.tokens_seen(state), state.global_step)
         metrics: dict[str, float] = {}
+        self._step_times += [r["step"] for r in self._pending.pop_done()]  # a step not done yet goes to the next log
         if self._step_times:
             metrics["step_time_s"] = sum(self._step_times) / len(self._step_times)
             self._step_times = []

@@ -2,9 +2,12 @@
 
 The failure it catches: one of two machines sat at ~600 MHz (its twin at ~2190 MHz) for days, no
 throttle flag set, because the USB-C power-delivery controller of its adapter was stuck; a plain
-reboot did not clear it, unplugging from the wall did. The rule (`underclock_warning`): under load
-(utilization >= `min_utilization` %) the SM clock is below `threshold` x its maximum, and NVML sets
-no reason that would explain it (power cap, thermal or hardware slowdown, application clocks).
+reboot did not clear it, unplugging from the wall did. The rule (`underclock_warning`, the one
+function this callback and the straggler exchange both call): under load the SM clock is below
+`threshold` x its maximum, and NVML sets no reason that would explain it (power cap, thermal or
+hardware slowdown, application clocks, idle). "Under load" is a utilization reading >=
+`min_utilization` %, or, where the device does not report utilization, NVML's reasons without
+`gpu_idle`; a reading that is missing is unknown, never taken as 100 % or as idle.
 The warning names the rank and host and what to check; it is logged once per episode as
 `underclock_warning` (and so lands in the JSONL stream and the run report) and printed.
 
@@ -29,18 +32,40 @@ logger = logging.get_logger(__name__)
 def underclock_warning(
     reading: dict, threshold: float = 0.6, min_utilization: float = 50.0, rank: int = 0, host: str | None = None
 ) -> str | None:
-    """The warning for one sensor reading, or None when the clock is fine, idle, or explained."""
+    """The warning for one sensor reading, or None when the clock is fine, idle, explained, or cannot be judged.
+
+    The one rule, for this rank's reading (`UnderclockCallback`) and another rank's gathered one
+    (`StragglerCallback`). A key the device did not report is *unknown*, never a default:
+    - no SM clock or maximum: nothing to judge;
+    - clock >= `threshold` x maximum: fine;
+    - a limiting throttle reason (power cap, thermal or hardware slowdown, application clocks): explained;
+    - NVML's `gpu_idle` reason, or a utilization reading below `min_utilization`: idle, which explains
+      a low clock;
+    - utilization not reported: under load only if NVML reports its reasons and `gpu_idle` is not
+      among them; with neither reported there is no verdict (None).
+    """
     clock, peak = reading.get("gpu_sm_clock_mhz"), reading.get("gpu_sm_clock_max_mhz")
-    if clock is None or not peak or reading.get("gpu_utilization_pct", 100.0) < min_utilization:
+    if clock is None or not peak or clock >= threshold * peak:
         return None
-    reasons = set(str(reading.get("gpu_throttle_reasons", "none")).split(","))
-    if clock >= threshold * peak or reasons & LIMITING_REASONS:
+    reasons = reading.get("gpu_throttle_reasons")  # None: NVML did not say
+    names = set(str(reasons).split(",")) if reasons is not None else set()
+    if names & LIMITING_REASONS or "gpu_idle" in names:
         return None
+    utilization = reading.get("gpu_utilization_pct")
+    if utilization is not None and utilization < min_utilization:
+        return None
+    if utilization is None and reasons is None:
+        return None
+    load = (
+        f"under load ({utilization:.0f} % utilization)"
+        if utilization is not None
+        else "under load (utilization not reported; NVML sets no idle reason)"
+    )
     power = reading.get("gpu_power_w")
     power_text = f", {power:.0f} W" if power is not None else ""
     return (
         f"rank {rank} ({host or socket.gethostname()}): SM clock {clock:.0f}/{peak:.0f} MHz "
-        f"({clock / peak:.0%}) under load{power_text}, no throttle reason set. Check the power supply and its "
+        f"({clock / peak:.0%}) {load}{power_text}, no throttle reason set. Check the power supply and its "
         "adapter (a stuck USB-C power-delivery controller does this); a reboot may not clear it: unplug the machine "
         "from the wall, wait a minute, plug it back in (cold power cycle)."
     )

@@ -236,3 +236,38 @@ def test_transformer_engine_path_keeps_the_signature_and_unswaps_bias_free_linea
     with torch.no_grad():
         model(ids)
     assert entered == []  # hooks gone with the TE modules
+
+
+def test_fp8_on_a_cpu_is_emulated_and_says_so_at_run_time(caplog):
+    import logging
+
+    from hf_pretrain.precision.recipes import emulated
+
+    assert "no fp8 tensor cores" in emulated("fp8", "cpu") and emulated("fp32", "cpu") is None
+    model = PretrainForCausalLM(small_config(hidden_size=128, intermediate_size=256))
+    with caplog.at_level(logging.WARNING):
+        report = apply_precision(model, "fp8", device="cpu")
+    assert "precision='fp8' runs EMULATED on cpu" in caplog.text
+    assert report.emulated and "EMULATED here" in report.summary()
+
+
+def test_the_report_counts_moe_experts_kept_in_high_precision():
+    from hf_pretrain import get_preset
+
+    model = PretrainForCausalLM(get_preset("tiny-moe"))
+    report = apply_precision(model, "fp8", device="cpu")
+    config = model.config
+    experts = 3 * config.hidden_size * config.moe_intermediate_size * config.num_experts  # per MoE layer
+    assert [g.num_experts for g in report.experts] == [config.num_experts] * config.mlp_layer_types.count("sparse")
+    assert all(g.parameters == experts for g in report.experts)
+    # the expert tensors are untouched (3D parameters, not nn.Linear), and the summary says how much they weigh
+    assert not any(type(m).__name__ == "Float8Linear" for n, m in model.named_modules() if ".experts" in n)
+    total = sum(p.numel() for p in model.parameters())
+    share = f"{experts * len(report.experts) / total:.0%}"
+    summary = report.summary()
+    assert f"MoE experts kept in high precision: {len(report.experts)} layers x {config.num_experts} experts" in summary
+    assert f"({share} of the parameters" in summary
+    converted = sum(model.get_submodule(d.name).weight.numel() for d in report.converted)
+    assert report.converted_parameters == converted and converted / total < 0.5  # most weights are experts
+    dense = apply_precision(PretrainForCausalLM(get_preset("tiny")), "fp8", device="cpu")
+    assert dense.experts == [] and "MoE experts" not in dense.summary()

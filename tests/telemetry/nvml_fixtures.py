@@ -4,6 +4,15 @@
 - GB10: a GB10 (DGX Spark) under a week-long bf16 run from the field notes: SM ~2460 MHz, 50-60 W,
   96 % utilization; memory info and the enforced power limit raise NotSupported (unified memory).
 - GB10_STUCK: its twin stuck at ~600 MHz under load with no clocks-event reason set.
+- GB10_STUCK_NO_UTIL: the same with the utilization query answering NotSupported (as some
+  unified-memory boards do): load is then judged from NVML's reasons, which hold no `gpu_idle`.
+- GB10_IDLE_NO_UTIL: a GB10 between jobs, clock down, utilization NotSupported, NVML's `gpu_idle`
+  reason set: idle explains the low clock.
+- GB10_BLIND: utilization and the clocks-event reasons both NotSupported: no verdict possible.
+- H200_IDLE: the H200 lent to this project, idle (SM 345 of 1980 MHz, memory clock 3201 MHz,
+  143771 MiB, read with nvidia-smi before a matmul test, /work/.library/device/KINDS.md); power
+  draw and temperature are typical idle values (not recorded there), `gpu_idle` set as NVML does
+  for an idle GPU.
 """
 
 from types import SimpleNamespace
@@ -39,6 +48,22 @@ GB10 = dict(
     reasons=0x0,
 )
 GB10_STUCK = {**GB10, "sm": 600, "util": 98, "power_mw": 28_000}
+GB10_STUCK_NO_UTIL = {**GB10_STUCK, "name": "NVIDIA GB10 (no utilization)", "util": NOT_SUPPORTED}
+GB10_IDLE_NO_UTIL = {**GB10_STUCK_NO_UTIL, "name": "NVIDIA GB10 (idle)", "power_mw": 4_000, "reasons": 0x1}
+GB10_BLIND = {**GB10_STUCK_NO_UTIL, "name": "NVIDIA GB10 (no reasons)", "reasons": NOT_SUPPORTED}
+H200_IDLE = dict(
+    name="NVIDIA H200",
+    sm=345,
+    sm_max=1980,
+    mem=3201,
+    util=0,
+    power_mw=76_000,
+    limit_mw=700_000,
+    temp=31,
+    used=0.5 * 2**30,
+    total=143_771 * 2**20,
+    reasons=0x1,
+)
 
 
 class FakeNvml(SimpleNamespace):

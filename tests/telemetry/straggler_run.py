@@ -10,17 +10,17 @@ from hf_pretrain.data import PackedDocumentCollator
 from hf_pretrain.presets import get_preset
 
 
-def main(output_dir: str, accumulation: int = 1, threshold: float = 0.75) -> None:
+def main(output_dir: str, accumulation: int = 1, threshold: float = 0.75, steps: int = 8, every: int = 4) -> None:
     torch.manual_seed(0)
-    ids = torch.randint(2, 512, (64, 64))
+    ids = torch.randint(2, 512, (2 * 2 * steps * accumulation, 64))
     args = PretrainingArguments(
         output_dir=output_dir,
-        max_steps=8,
+        max_steps=steps,
         per_device_train_batch_size=2,
         logging_steps=4,
         report_to="none",
         save_strategy="no",
-        straggler_every=4,
+        straggler_every=every,
         straggler_threshold=threshold,
         gradient_accumulation_steps=accumulation,
         disable_tqdm=True,
@@ -39,5 +39,6 @@ def main(output_dir: str, accumulation: int = 1, threshold: float = 0.75) -> Non
     trainer.accelerator.end_training()  # tear the process group down before exit, not in interpreter shutdown
 
 
-if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 1, float(sys.argv[3]) if len(sys.argv) > 3 else 0.75)
+if __name__ == "__main__":  # OUTPUT_DIR [ACCUMULATION THRESHOLD STEPS EVERY]
+    numbers = [int, float, int, int]
+    main(sys.argv[1], *(kind(value) for kind, value in zip(numbers, sys.argv[2:])))

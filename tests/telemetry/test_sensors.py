@@ -110,6 +110,27 @@ def test_underclock_rule_on_recorded_readings():
     assert underclock_warning({"process_rss_gib": 1.0}) is None  # no GPU sensors: nothing to judge
 
 
+def test_a_missing_utilization_is_unknown_and_idle_explains_a_low_clock():
+    from tests.telemetry.nvml_fixtures import GB10_BLIND, GB10_IDLE_NO_UTIL, GB10_STUCK_NO_UTIL, H200_IDLE
+
+    # utilization not reported, NVML's reasons hold no gpu_idle: under load, and stuck
+    no_util = NvmlSensors(nvml=FakeNvml(GB10_STUCK_NO_UTIL)).read()
+    assert "gpu_utilization_pct" not in no_util and no_util["gpu_throttle_reasons"] == "none"
+    warning = underclock_warning(no_util, rank=1, host="node-b")
+    assert "SM clock 600/2520 MHz" in warning and "utilization not reported" in warning
+    # the same clock with NVML's gpu_idle reason: idle explains it (the old rule took the missing reading as 100 %)
+    assert underclock_warning(NvmlSensors(nvml=FakeNvml(GB10_IDLE_NO_UTIL)).read()) is None
+    # neither utilization nor reasons: no verdict either way
+    blind = NvmlSensors(nvml=FakeNvml(GB10_BLIND)).read()
+    assert "gpu_throttle_reasons" not in blind and underclock_warning(blind) is None
+    # an idle H200 at 345 of 1980 MHz (17 %): idle by utilization and by NVML's reason
+    idle = NvmlSensors(nvml=FakeNvml(H200_IDLE)).read()
+    assert idle["gpu_throttle_reasons"] == "gpu_idle" and underclock_warning(idle) is None
+    assert underclock_warning({**idle, "gpu_throttle_reasons": "none"}) is None  # 0 % utilization alone says idle
+    busy = {**idle, "gpu_throttle_reasons": "none", "gpu_utilization_pct": 100}
+    assert "SM clock 345/1980 MHz (17%) under load (100 % utilization)" in underclock_warning(busy)
+
+
 def test_spec_names_do_not_match_inside_other_names():
     from hf_pretrain.telemetry.peaks import spec_tflops
 

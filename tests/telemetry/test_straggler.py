@@ -1,4 +1,5 @@
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -7,27 +8,34 @@ from pathlib import Path
 import pytest
 
 from hf_pretrain.telemetry.jsonl import read_jsonl
-from hf_pretrain.telemetry.straggler import straggler_report
+from hf_pretrain.telemetry.straggler import FIELDS, reading_of, reasons_mask, straggler_report, straggler_scores
+from hf_pretrain.telemetry.underclock import underclock_warning
+from tests.telemetry import engine_timelines as timelines
 
 HERE = Path(__file__).resolve().parent
 
 
-def row(compute, wait, step, clock=-1.0, power=-1.0, throttled=0.0):
+def row(compute, wait, step, clock=-1.0, power=-1.0, reasons=-1.0, local=0.0, wait_free=1.0):
     return dict(
         compute_s=compute,
+        local_s=local,
         wait_s=wait,
         data_wait_s=0.0,
         step_s=step,
         sm_clock_mhz=clock,
         sm_clock_max_mhz=-1.0,
         power_w=power,
-        throttled=throttled,
+        utilization_pct=-1.0,
+        memory_gib=-1.0,
+        reasons=reasons,
+        wait_free=wait_free,
+        steps=4.0,
     )
 
 
 def test_field_notes_straggler_message():
     # Two GB10s: rank 1 stuck at ~600 MHz; rank 0 (2190 MHz) waits 3.3 s of each 7.2 s step.
-    rows = [row(3.9, 3.3, 7.2, clock=2190, power=80), row(7.2, 0.0, 7.2, clock=600, power=30)]
+    rows = [row(3.9, 3.3, 7.2, clock=2190, power=80, reasons=0), row(7.2, 0.0, 7.2, clock=600, power=30, reasons=0)]
     metrics, warning = straggler_report(rows, ["node-a", "node-b"], threshold=0.75)
     assert (
         warning == "rank 1 (node-b) 1.8x slower, SM 600/2190 MHz, 30 W, no throttle flag; rank 0 waits 3.3 s of 7.2 s"
@@ -35,6 +43,10 @@ def test_field_notes_straggler_message():
     assert metrics["rank1_score"] == pytest.approx(3.9 / 7.2) and metrics["rank0_score"] == 1.0
     assert metrics["straggler_score_min"] == pytest.approx(0.5417, abs=1e-4)
     assert metrics["rank1_sm_clock_mhz"] == 600 and metrics["rank0_wait_s"] == 3.3
+    # a limiting reason is named as such; reasons NVML did not report are not guessed either way
+    _, capped = straggler_report([rows[0], {**rows[1], "reasons": 0x4}], ["node-a", "node-b"], 0.75)
+    _, unknown = straggler_report([rows[0], {**rows[1], "reasons": -1.0}], ["node-a", "node-b"], 0.75)
+    assert "throttle flag set" in capped and "throttle" not in unknown
 
 
 def test_balanced_ranks_and_cpu_ranks_give_no_warning_and_no_made_up_clocks():
@@ -43,7 +55,113 @@ def test_balanced_ranks_and_cpu_ranks_give_no_warning_and_no_made_up_clocks():
     assert "rank0_sm_clock_mhz" not in metrics  # CPU ranks: no clock, not 0
 
 
-def launch(tmp_path, nproc, slow=None, accumulation=1, threshold=0.75):
+@pytest.mark.parametrize("engine", timelines.ENGINES)
+@pytest.mark.parametrize("micro_batches", [1, 4])
+def test_the_field_straggler_is_named_under_every_engine(engine, micro_batches):
+    """Rank 1 at 600 MHz, rank 0 at 2190: the simulated GPU timelines of each engine, through the one rule."""
+    rows = timelines.rows(engine, [1.0, timelines.CLOCK_RATIO], micro_batches=micro_batches)
+    # the step is the field's 7.2 s on both ranks: they are coupled by the collectives
+    assert [r["step_s"] for r in rows] == pytest.approx([7.2, 7.2], abs=0.01)
+    metrics, warning = straggler_report(rows, ["node-a", "node-b"], threshold=0.75)
+    assert warning is not None and warning.startswith("rank 1 (node-b)"), (engine, rows)
+    assert metrics["straggler_slowest_rank"] == 1 and metrics["rank1_score"] < 0.75 <= metrics["rank0_score"]
+    if engine == "ddp":  # compute ends at the last bucket: the healthy rank's wait is measured, as in the field
+        assert re.search(r"1\.[89]x slower; rank 0 waits 3\.3 s of 7\.2 s$", warning)  # 7.2 / 3.9 = 1.85
+        assert metrics["rank0_wait_s"] == pytest.approx(3.3, abs=0.05)
+        assert metrics["rank1_score"] == pytest.approx(3.9 / 7.2, abs=0.01)
+    else:  # DeepSpeed / FSDP: every rank waits for the slow one *inside* its micro-batches
+        compute = [r["compute_s"] for r in rows]
+        assert min(compute) / max(compute) > 0.95  # so compute alone cannot see it (the old rule never fired)
+        assert re.search(r"3\.[67]x slower in its forward matmuls", warning)  # the linears: the clock ratio 3.65
+        assert metrics["rank1_score"] == pytest.approx(600 / 2190, abs=0.01)
+        assert "wait for it inside the collectives" in warning
+
+
+@pytest.mark.parametrize("engine", timelines.ENGINES)
+@pytest.mark.parametrize("world, slow", [(4, 2), (8, 0)])
+def test_the_slow_rank_of_a_larger_world_is_named(engine, world, slow):
+    slowdown = [1.0] * world
+    slowdown[slow] = 3.0  # matmuls 3x slower: the whole step ~1.6x
+    rows = timelines.rows(engine, slowdown, jitter=0.03, seed=world)
+    metrics, warning = straggler_report(rows, [f"node-{r}" for r in range(world)], threshold=0.75)
+    assert warning is not None and metrics["straggler_slowest_rank"] == slow, (engine, warning)
+    assert [r for r in range(world) if metrics[f"rank{r}_score"] < 0.75] == [slow]
+
+
+@pytest.mark.parametrize("engine", timelines.ENGINES)
+@pytest.mark.parametrize("seed", range(5))
+def test_healthy_ranks_with_jitter_are_quiet_under_every_engine(engine, seed):
+    rows = timelines.rows(engine, [1.0] * 4, jitter=0.05, seed=seed, micro_batches=2)
+    metrics, warning = straggler_report(rows, ["a", "b", "c", "d"], threshold=0.75)
+    assert warning is None and metrics["straggler_score_min"] > 0.85
+
+
+def test_the_basis_is_compute_only_where_compute_is_each_rank_own_work():
+    ddp, zero3 = timelines.rows("ddp", [1.0, 2.0]), timelines.rows("zero3", [1.0, 2.0])
+    assert straggler_scores(ddp)[1] == "compute" and straggler_scores(zero3)[1] == "local"
+    # no linear timing (a compiled model): the compute measure is all there is, blind under ZeRO-3
+    blind = [{**r, "local_s": 0.0} for r in zero3]
+    scores, basis = straggler_scores(blind)
+    assert basis == "compute" and min(scores) > 0.95
+    # a rank with no step read yet (GPU events still pending) gives no verdict rather than a score of 0
+    assert straggler_scores([row(0.0, 0.0, 0.0), row(1.0, 0.1, 1.2)])[0] == [1.0, 1.0]
+
+
+def test_a_gathered_reading_round_trips_to_the_same_underclock_verdict():
+    from hf_pretrain.telemetry.sensors import NvmlSensors
+    from tests.telemetry.nvml_fixtures import GB10, GB10_STUCK, GB10_STUCK_NO_UTIL, H100_SXM, H200_IDLE, FakeNvml
+
+    for fixture in (GB10, GB10_STUCK, GB10_STUCK_NO_UTIL, H100_SXM, H200_IDLE):
+        reading = NvmlSensors(nvml=FakeNvml(fixture)).read()
+        gathered = {
+            "sm_clock_mhz": reading.get("gpu_sm_clock_mhz", -1.0),
+            "sm_clock_max_mhz": reading.get("gpu_sm_clock_max_mhz", -1.0),
+            "power_w": reading.get("gpu_power_w", -1.0),
+            "utilization_pct": reading.get("gpu_utilization_pct", -1.0),
+            "reasons": reasons_mask(reading.get("gpu_throttle_reasons")),
+        }
+        assert set(gathered) < set(FIELDS)
+        local = underclock_warning(reading, rank=1, host="node-b")
+        remote = underclock_warning(reading_of(gathered), rank=1, host="node-b")
+        assert local == remote, fixture["name"]
+
+
+def test_each_linear_forward_is_timed_inside_steps_only():
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import TrainerControl, TrainerState
+
+    from hf_pretrain import PretrainForCausalLM
+    from hf_pretrain.telemetry.straggler import StragglerCallback
+    from tests.conftest import small_config
+
+    model = PretrainForCausalLM(small_config())
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    callback, state, control = StragglerCallback(every=100), TrainerState(), TrainerControl()
+    callback.trainer = SimpleNamespace(model=model, model_wrapped=model, args=SimpleNamespace(torch_compile=False))
+    args = SimpleNamespace(process_index=0, world_size=1, device=torch.device("cpu"))
+    callback.on_train_begin(args, state, control)
+    ids = torch.randint(0, 128, (2, 16))
+    model(input_ids=ids)  # outside a step (evaluation, generation): not timed
+    callback.on_step_begin(args, state, control)
+    callback.before_micro_batch()
+    model(input_ids=ids, labels=ids).loss.backward()
+    callback.record_micro_batch(0.0, 0.0)
+    assert len(callback._local) == linears  # one window per linear of the forward
+    state.global_step = 1
+    callback.on_step_end(args, state, control)
+    local, compute = callback.window["local_s"][0], callback.window["compute_s"][0]
+    assert 0 < local < compute <= callback.window["step_s"][0]
+    callback.on_train_end(args, state, control)
+    assert callback._handles == [] and not model.model.layers[0].mlp.up_proj._forward_hooks
+    # a compiled model is not hooked (hooks would break its graph): no linear timing, no error
+    callback.trainer.args.torch_compile = True
+    callback.on_train_begin(args, state, control)
+    assert callback._handles == []
+
+
+def launch(tmp_path, nproc, slow=None, accumulation=1, threshold=0.75, steps=8, every=4):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("HF_PRETRAIN_TEST_SLOW_RANK", None)
     if slow:
@@ -63,6 +181,8 @@ def launch(tmp_path, nproc, slow=None, accumulation=1, threshold=0.75):
         str(tmp_path),
         str(accumulation),
         str(threshold),
+        str(steps),
+        str(every),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=HERE.parents[1])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -80,14 +200,16 @@ def test_two_cpu_ranks_the_slow_one_is_named(tmp_path, accumulation):
     # rank 0 waits for the slow rank, about the injected 0.1 s per micro-batch
     assert 0.06 * accumulation < flagged[0]["rank0_wait_s"] < 0.3 * accumulation
     assert flagged[0]["rank1_wait_s"] < 0.05 * accumulation
+    # every rank timed its linears' forward too (the measure ZeRO / FSDP runs are judged on)
+    assert flagged[0]["rank0_local_s"] > 0 and flagged[0]["rank1_local_s"] > 0
     assert "straggler at step" in proc.stderr + proc.stdout
 
 
 @pytest.mark.distributed
 def test_two_balanced_cpu_ranks_and_one_process_are_quiet(tmp_path):
     # Two equal ranks sharing two cores with whatever else runs here: a score of 0.5 (one rank twice as slow) is
-    # a straggler, the jitter of a busy machine is not
-    records, _ = launch(tmp_path / "two", 2, threshold=0.5)
+    # a straggler, the jitter of a busy machine is not (medians over 8 steps)
+    records, _ = launch(tmp_path / "two", 2, threshold=0.5, steps=16, every=8)
     logs = [r for r in records if "straggler_score_min" in r]
     assert logs and all("straggler_warning" not in r for r in records)
     single, _ = launch(tmp_path / "one", 1)
