@@ -158,6 +158,7 @@ class MemoryEstimate:
     device: str | None = None
     device_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
+    chunked_loss: bool = True  # the loss from the hidden states in chunks (modeling/loss.py), no full logits
 
     @property
     def model_states(self) -> int:
@@ -282,8 +283,18 @@ def activation_bytes(
 
 
 def logits_bytes(config, seq_len: int, micro_batch: int) -> int:
-    """fp32 log-probs saved by the cross-entropy, their gradient and the logits' gradient: 12 x s x b x V."""
-    return 12 * seq_len * micro_batch * config.vocab_size
+    """What the loss holds beyond the activations.
+
+    Unfused (`config.chunked_loss=False`): the fp32 log-probs saved by the cross-entropy, their gradient and
+    the logits' gradient, 12 x s x b x V. Chunked (the default, `modeling/loss.py`): one chunk of fp32 logits
+    and the head's weight gradient held from forward to backward; the hidden states' gradient held with it
+    takes the place of the head's saved input, which the activations already count."""
+    tokens = seq_len * micro_batch
+    if getattr(config, "chunked_loss", True):
+        from ..modeling.loss import chunked_loss_bytes  # (torch-free import of this module kept for the CLI)
+
+        return chunked_loss_bytes(config.vocab_size, config.hidden_size, tokens) - 4 * tokens * config.hidden_size
+    return 12 * tokens * config.vocab_size
 
 
 def estimate_memory(
@@ -369,6 +380,7 @@ def estimate_memory(
         optimizer_states=optimizer_states,
         activations=activation_bytes(config, seq_len, micro_batch, precision, checkpointing, flash_attention),
         logits=logits_bytes(config, seq_len, micro_batch),
+        chunked_loss=getattr(config, "chunked_loss", True),
         zero3_gathered=zero3_gathered,
         cpu_bytes=cpu_bytes,
         gradient_partition_fp32=gradient_partition_fp32,
@@ -412,7 +424,13 @@ def format_estimate(estimate: MemoryEstimate) -> str:
             f"{optim} B x Psi{split['o']} ({optim_what})" + (" -> CPU" if est.offload else ""),
         ),
         ("activations", est.activations, activations),
-        ("logits / loss", est.logits, f"12 B x {tokens} x V (fp32 log-probs, their grad, logits' grad)"),
+        (
+            "logits / loss",
+            est.logits,
+            "chunked: one chunk of fp32 logits + the head's weight grad (no full logits)"
+            if est.chunked_loss
+            else f"12 B x {tokens} x V (fp32 log-probs, their grad, logits' grad)",
+        ),
     ]
     if est.zero3_gathered:
         rows.append(("ZeRO-3 gathered", est.zero3_gathered, f"{weight + grad} B x largest layer or vocab matrix"))

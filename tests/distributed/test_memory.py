@@ -15,8 +15,8 @@ from hf_pretrain.distributed.memory import (
     cli,
     count_parameters,
     device_memory_bytes,
-    logits_bytes,
 )
+from hf_pretrain.modeling.loss import chunk_rows
 from hf_pretrain.presets import get_preset
 
 MiB = 1024**2
@@ -77,7 +77,10 @@ def test_worked_example_llama2_7b():
     korthikanti = 34 * s * 1 * h * layers
     assert 1.0 * korthikanti <= one.activations <= 1.5 * korthikanti
     assert 45e9 < one.activations < 52e9
-    assert one.logits == 12 * s * 32000  # fp32 log-probs, their gradient, the logits' gradient: 3.1 GB
+    # the chunked loss (default): a chunk of fp32 logits and the head's weight gradient, not 12 x s x V (3.1 GB)
+    assert one.logits == 4 * (chunk_rows(32000, s) * 32000 + 32000 * h) < 12 * s * 32000 / 5
+    unfused = estimate_memory(get_preset("llama2-7b", chunked_loss=False), 0, 1, "bf16", 8192, 1)
+    assert unfused.logits == 12 * s * 32000  # fp32 log-probs, their gradient, the logits' gradient: 3.1 GB
 
     eight = estimate_memory(config, zero=3, gpus=8, precision="bf16", seq_len=8192, micro_batch=1)
     assert eight.parameters == one.parameters // 8
@@ -118,10 +121,10 @@ def test_activation_formula_matches_autograd_saved_tensors(precision, dtype, bac
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         model(input_ids=ids, labels=ids)
     flash = backend == "sdpa"  # on CPU, causal SDPA runs the flash kernel: no s x s matrix is saved
-    # the loss saves the fp32 log-probs, one of the three T x V buffers of `logits_bytes`
-    expected = (
-        activation_bytes(config, seq, batch, precision, flash_attention=flash) + logits_bytes(config, seq, batch) // 3
-    )
+    # the chunked loss (the default) saves no logits and not the head's input (it holds their gradients instead,
+    # outside autograd's saved tensors)
+    expected = activation_bytes(config, seq, batch, precision, flash_attention=flash)
+    expected -= seq * batch * config.hidden_size * torch.finfo(dtype).bits // 8
     assert sum(saved.values()) == pytest.approx(expected, rel=0.005)  # the rest: int64 ids and labels
 
 
@@ -219,6 +222,7 @@ import psutil, torch
 torch.set_num_threads(1)
 torch.manual_seed(0)
 from hf_pretrain import PretrainForCausalLM
+from hf_pretrain.modeling.loss import chunk_rows
 from hf_pretrain.presets import get_preset
 spec = json.loads(sys.argv[1])
 config = get_preset(spec["preset"], **spec["overrides"])
