@@ -139,3 +139,15 @@ def measure_matmul_tflops(
             if elapsed >= seconds:
                 break
     return MeasuredCeiling(2 * size**3 * runs / elapsed / 1e12, size, str(dtype).removeprefix("torch."), elapsed)
+
+
+_CEILINGS: dict[tuple[str, torch.dtype], float] = {}
+
+
+def matmul_ceiling(device: torch.device | str, dtype: torch.dtype) -> float:
+    """`measure_matmul_tflops(device, dtype).tflops`, measured once per device and dtype in a process: every
+    `train()` of a script reads the same chip, and the measurement takes half a second."""
+    key = (str(torch.device(device)), dtype)
+    if key not in _CEILINGS:
+        _CEILINGS[key] = measure_matmul_tflops(device, dtype).tflops
+    return _CEILINGS[key]

@@ -259,8 +259,10 @@ class StragglerCallback(PretrainCallback):
         self._remove_hooks()
         if model is None or _compiled(self.trainer, wrapped):
             return
+        # Not the LM head: a hook there would turn off the chunked loss (modeling/loss.py), which never calls it.
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         for module in model.modules():
-            if _is_linear(module):
+            if _is_linear(module) and module is not head:
                 self._handles.append(module.register_forward_pre_hook(self._linear_begin))
                 self._handles.append(module.register_forward_hook(self._linear_end))
 

@@ -45,7 +45,7 @@ from transformers.utils import logging
 
 from ..callback import PretrainCallback
 from .flops import flops_per_token
-from .peaks import ceiling_dtype, device_name, measure_matmul_tflops, spec_tflops
+from .peaks import ceiling_dtype, device_name, matmul_ceiling, spec_tflops
 from .timing import DeviceClock, PendingIntervals
 
 logger = logging.get_logger(__name__)
@@ -99,7 +99,7 @@ class ThroughputCallback(PretrainCallback):
                 f"MFU against spec is unavailable: no {precision} peak known for {name!r}. "
                 "Pass peak_tflops=<dense TFLOP/s of one device> (PretrainingArguments.peak_tflops)."
             )
-        if self.measure_ceiling:
+        if self.measure_ceiling and self.flops_per_token is not None:  # no FLOPs, no MFU: nothing to measure for
             dtype = ceiling_dtype(precision, args.device)
             if dtype is None:
                 logger.warning(
@@ -107,7 +107,7 @@ class ThroughputCallback(PretrainCallback):
                     f"with (the {precision} recipe runs emulated here); mfu_spec, tokens/s and step time stand."
                 )
             else:
-                self.measured = measure_matmul_tflops(args.device, dtype).tflops
+                self.measured = matmul_ceiling(args.device, dtype)
         self._once = {
             k: round(v, 2) for k, v in (("peak_tflops_spec", self.spec), ("peak_tflops_measured", self.measured)) if v
         }

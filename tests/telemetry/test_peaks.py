@@ -47,3 +47,18 @@ def test_field_notes_run_mfu_arithmetic():
 def test_measured_ceiling_is_positive_and_sized():
     ceiling = measure_matmul_tflops("cpu", torch.float32, size=256, seconds=0.05)
     assert ceiling.tflops > 0 and ceiling.size == 256 and ceiling.dtype == "float32"
+
+
+def test_the_ceiling_is_measured_once_per_device_and_dtype(monkeypatch):
+    from hf_pretrain.telemetry import peaks
+
+    calls = []
+    monkeypatch.setattr(peaks, "_CEILINGS", {})
+    monkeypatch.setattr(
+        peaks,
+        "measure_matmul_tflops",
+        lambda device, dtype: calls.append(dtype) or peaks.MeasuredCeiling(1.5, 8, "x", 0.1),
+    )
+    assert [peaks.matmul_ceiling("cpu", torch.float32) for _ in range(3)] == [1.5] * 3
+    peaks.matmul_ceiling("cpu", torch.bfloat16)
+    assert calls == [torch.float32, torch.bfloat16]
