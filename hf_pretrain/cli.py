@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import sys
 
 import torch
@@ -215,13 +214,6 @@ COMMANDS = {
 }
 
 
-def quiet_third_party_imports() -> None:
-    """torchao (imported by transformers when installed) and torch's pytree log warnings at import time that say
-    nothing about the command being run (missing optional CUDA kernels, a deprecation): keep them off the screen."""
-    for name in ("torchao", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     usage = f"usage: hf-pretrain {{{','.join(COMMANDS)}}} [options]   (hf-pretrain COMMAND --help)"
@@ -231,7 +223,6 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in COMMANDS:
         print(usage, file=sys.stderr)
         return 2
-    quiet_third_party_imports()
     try:
         return COMMANDS[argv[0]](argv[1:])
     except ValueError as err:

@@ -31,7 +31,13 @@ def test_unknown_command_is_an_error_with_the_usage():
     assert result.returncode == 2 and result.stderr.startswith("usage: hf-pretrain")
 
 
-def test_importing_the_package_does_not_import_transformers():
-    code = "import sys, hf_pretrain; print('transformers' in sys.modules); print(hf_pretrain.PretrainTrainer.__name__)"
+def test_importing_the_package_registers_the_model_quietly_and_loads_the_trainer_on_use():
+    code = (
+        "import sys, hf_pretrain\n"
+        "from transformers import AutoConfig\n"
+        "print(type(AutoConfig.for_model('hf_pretrain')).__name__, 'datasets' in sys.modules)\n"
+        "print(hf_pretrain.PretrainTrainer.__name__)"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert result.stdout.split() == ["False", "PretrainTrainer"], result.stderr[-500:]
+    assert result.stdout.split() == ["PretrainConfig", "False", "PretrainTrainer"], result.stderr[-500:]
+    assert "Failed to load" not in result.stderr and "register_constant" not in result.stderr
