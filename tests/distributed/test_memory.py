@@ -251,29 +251,23 @@ CASES = {
 }
 
 
+@pytest.mark.early
 def test_estimate_matches_measured_cpu_peak():
     # glibc's malloc raises its mmap threshold after the first large frees, so later tensors up to 32 MB come from
     # a heap it never returns: with the default, RSS peaks 10-12 % above the live tensors (docs/memory.md). A fixed
     # 1 MB threshold maps every tensor that matters on its own pages and unmaps it on free, so RSS tracks live memory.
     # One malloc arena: a helper thread's first allocation would otherwise map an arena of its own (64 MB+) now and
-    # then. Each case runs twice and the smaller peak counts: what else the process touched only ever adds.
+    # then. The runs go one at a time, each case twice, and the smaller peak counts: what else the process touched
+    # only ever adds. Marked `early` (tests/conftest.py): from a session that ran the data tests, children read high.
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="1048576", MALLOC_ARENA_MAX="1")
     deltas: dict[str, list] = {name: [] for name in CASES}
     for _ in range(2):
-        runs = {
-            name: subprocess.Popen(
-                [sys.executable, "-c", MEASURE, json.dumps(spec)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
+        for name, spec in CASES.items():
+            run = subprocess.run(
+                [sys.executable, "-c", MEASURE, json.dumps(spec)], capture_output=True, text=True, env=env, timeout=300
             )
-            for name, spec in CASES.items()
-        }
-        for name, run in runs.items():
-            out, err = run.communicate(timeout=300)
-            assert run.returncode == 0, err[-3000:]
-            deltas[name].append(json.loads(out.strip().splitlines()[-1]))
+            assert run.returncode == 0, run.stderr[-3000:]
+            deltas[name].append(json.loads(run.stdout.strip().splitlines()[-1]))
     for name, runs_of_case in deltas.items():
         measured = min(runs_of_case, key=lambda m: m["delta"])
         assert measured["attention"] == "sdpa"  # causal SDPA on CPU: the flash kernel, as priced below
