@@ -16,7 +16,7 @@ goal: the figure is printed, not judged), `skipped: <why>` (a package or a capab
 | `packed_equality` | packed rows of several documents vs each document alone, on `sdpa` and `flex_attention`, in the device dtype | max abs logit diff <= 2 % of the logits' range (bf16), 1e-4 (fp32) |
 | `memory_estimate` | one fp32 training step of the `1.4b` preset (seq 2048, batch 2, fused AdamW) | `estimate_memory` within +-10 % of `torch.cuda.max_memory_allocated` |
 | `step_time_events` | `ThroughputCallback`'s `step_time_s` (CUDA events) around bf16 steps vs the synchronised wall time and the host's enqueue time | events within 5 % of the synchronised wall time |
-| `straggler_2proc` | `PretrainTrainer`, 2 processes on the one GPU (DDP over gloo), rank 1 slowed on the device (`torch.cuda._sleep`, the straggler test knob) | the straggler rule names rank 1 |
+| `straggler_2proc` | `PretrainTrainer`, 2 processes on the one GPU (DDP over gloo), rank 1 slowed on the device (`torch.cuda._sleep`, tests/training/faults.py `slow_down_rank`) | the straggler rule names rank 1 |
 
 Packages: `mfu_bf16` and `straggler_2proc` need `datasets` (`PretrainTrainer` imports the data
 chain), `fp8_vs_bf16` needs `torchao`; nothing here imports `datasets` or `torchao` at module
@@ -566,7 +566,6 @@ def check_step_time_events(ctx: Context) -> dict:
 
 def check_straggler_2proc(ctx: Context) -> dict:
     require(old_transformers(), trainer_missing())
-    s = ctx.sizes
     out = ctx.workdir / "straggler"
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -581,7 +580,6 @@ def check_straggler_2proc(ctx: Context) -> dict:
             "RANK": str(rank),
             "LOCAL_RANK": "0" if ctx.cuda else str(rank),  # both ranks on the one GPU
             "LOCAL_WORLD_SIZE": "2",
-            "HF_PRETRAIN_TEST_SLOW_RANK": f"1:{s.straggler_sleep_s}",
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         }
@@ -614,6 +612,7 @@ def straggler_worker(workdir: Path, sizes: Sizes, cuda: bool) -> None:
     """One rank of `check_straggler_2proc` (launched with RANK / WORLD_SIZE / MASTER_* set)."""
     from hf_pretrain import PretrainForCausalLM, PretrainTrainer, get_preset
     from hf_pretrain.data.collator import PackedDocumentCollator
+    from tests.training.faults import slow_down_rank
 
     config = get_preset(sizes.straggler_preset, max_position_embeddings=sizes.straggler_seq)
     rows = sizes.straggler_batch * 2 * (sizes.straggler_steps + 1)
@@ -629,8 +628,10 @@ def straggler_worker(workdir: Path, sizes: Sizes, cuda: bool) -> None:
         measure_peak_tflops=False,
     )
     torch.manual_seed(0)
+    model = PretrainForCausalLM(config)
+    slow_down_rank(model, 1, sizes.straggler_sleep_s)  # the device of rank 1 is slow, its host is not
     trainer = PretrainTrainer(
-        model=PretrainForCausalLM(config),
+        model=model,
         args=args,
         train_dataset=packed_rows(config.vocab_size, sizes.straggler_seq, rows),
         data_collator=PackedDocumentCollator(EOS),

@@ -136,13 +136,28 @@ class GenerationProbeCallback(PretrainCallback):
     only, as `examples/pretrain.py` samples).
     """
 
+    arguments = {"probe_prompts": None, "probe_every": 0, "probe_max_new_tokens": 16, "probe_at_end": True}
+
+    @classmethod
+    def from_arguments(cls, trainer, built=()) -> GenerationProbeCallback | None:
+        settings = cls.settings(trainer.args)
+        if not settings["probe_prompts"] or (settings["probe_every"] <= 0 and not settings["probe_at_end"]):
+            return None
+        return cls(
+            [parse_prompt(p) for p in settings["probe_prompts"]],
+            settings["probe_every"],
+            settings["probe_max_new_tokens"],
+            tokenizer=trainer.processing_class,
+            at_end=settings["probe_at_end"],
+        )
+
     def __init__(
         self,
         prompts: Sequence[str | tuple[str, str | None]],
-        every_n_steps: int,
-        max_new_tokens: int = 16,
+        every_n_steps: int = arguments["probe_every"],
+        max_new_tokens: int = arguments["probe_max_new_tokens"],
         tokenizer=None,
-        at_end: bool = True,
+        at_end: bool = arguments["probe_at_end"],
         log_completions: bool = True,
         add_special_tokens: bool = False,
     ):

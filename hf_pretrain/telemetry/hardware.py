@@ -23,6 +23,14 @@ logger = logging.get_logger(__name__)
 
 class HardwareSensorsCallback(PretrainCallback):
     keep_in_history = False  # read off clocks and sensors: differs between identical runs
+    arguments = {"telemetry": True}  # the switch of all telemetry: sensors, under-clock, straggler, JSONL
+
+    @classmethod
+    def from_arguments(cls, trainer, built=()) -> HardwareSensorsCallback | None:
+        args = trainer.args
+        if not cls.settings(args)["telemetry"]:
+            return None
+        return cls(every=args.logging_steps if args.logging_strategy == "steps" else 10)
 
     def __init__(self, every: int = 10, sensors: CpuSensors | None = None):
         self.every = max(1, every)

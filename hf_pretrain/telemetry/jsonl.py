@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ..callback import PretrainCallback
+from .hardware import HardwareSensorsCallback
 
 FILENAME = "telemetry.jsonl"
 
@@ -27,6 +28,11 @@ def _jsonable(value):
 
 
 class JsonlCallback(PretrainCallback):
+    @classmethod
+    def from_arguments(cls, trainer, built=()) -> JsonlCallback | None:
+        telemetry = any(isinstance(c, HardwareSensorsCallback) for c in built)  # the `telemetry` switch
+        return cls(trainer.args.output_dir) if telemetry else None
+
     def __init__(self, output_dir: str | Path):
         self.path = Path(output_dir) / FILENAME
         self._trimmed = False

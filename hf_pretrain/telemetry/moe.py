@@ -36,6 +36,13 @@ def _moe_metrics(model):
 
 
 class MoECallback(PretrainCallback):
+    @classmethod
+    def from_arguments(cls, trainer, built=()) -> MoECallback | None:
+        """For MoE models, unless the user attached one already."""
+        experts = getattr(getattr(trainer.model, "config", None), "num_experts", 0)
+        attached = any(isinstance(c, MoECallback) for c in trainer.callback_handler.callbacks)
+        return cls(trainer.model) if experts and not attached else None
+
     def __init__(self, model=None, per_layer: bool = False):
         self.model = model
         self.per_layer = per_layer

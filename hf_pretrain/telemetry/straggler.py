@@ -50,27 +50,23 @@ exposes them), and when something fires: `straggler_warning` (text, the first si
 log), `straggler_warnings` (how many exchanges flagged one since then), `straggler_slowest_rank`,
 and `underclock_warning` / `underclock_rank` for another rank's under-clock.
 
-Test-only knob: `HF_PRETRAIN_TEST_SLOW_RANK="RANK:SECONDS"` makes that rank slow by SECONDS at the
-start of every micro-batch, so the detector can be tested for real: on a CPU the host works (spins)
-that long, on a GPU the device sleeps (`torch.cuda._sleep`, its cycles per second measured once at
-the start), the way a slow GPU is slow while its host is not.
+A slow rank is injected by the tests (`tests/training/faults.py`, `slow_down_rank`), not by a switch here.
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 from transformers.utils import logging
 
 from ..callback import PretrainCallback
+from .hardware import HardwareSensorsCallback
 from .sensors import LIMITING_REASONS, THROTTLE_REASONS
 from .timing import DeviceClock, PendingIntervals
-from .underclock import underclock_warning
+from .underclock import UnderclockCallback, underclock_warning
 
 logger = logging.get_logger(__name__)
 
@@ -79,7 +75,6 @@ SENSORS = ("sm_clock_mhz", "sm_clock_max_mhz", "power_w", "utilization_pct", "me
 # wait_free: 1 when compute_s is this rank's own work (no collective inside it); reasons: NVML's mask, -1 unknown;
 # steps: how many timed steps the medians cover (0 on a GPU whose first steps are not read yet: no verdict then)
 FIELDS = (*TIMES, *SENSORS, "reasons", "wait_free", "steps")
-SLOW_RANK_KNOB = "HF_PRETRAIN_TEST_SLOW_RANK"
 REASON_BITS = {name: bit for bit, name in THROTTLE_REASONS.items()}
 
 
@@ -195,19 +190,6 @@ def _hook_ddp(model) -> bool:
     return True
 
 
-def _cycles_per_second(device) -> float:
-    """GPU clock cycles per second of `torch.cuda._sleep` on `device`, measured once (the test knob's unit)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    cycles = 10_000_000
-    with torch.cuda.device(device):
-        torch.cuda._sleep(cycles)  # warm-up
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-    return cycles / (start.elapsed_time(end) / 1000)
-
-
 def _is_linear(module) -> bool:
     """`nn.Linear` and its subclasses (torchao's Float8Linear), and Transformer Engine's `Linear`."""
     kind = type(module)
@@ -222,8 +204,28 @@ def _compiled(trainer, model) -> bool:
 
 class StragglerCallback(PretrainCallback):
     keep_in_history = False  # read off clocks and sensors: differs between identical runs
+    arguments = {"straggler_every": 20, "straggler_threshold": 0.75}
+    times_micro_batches = True
 
-    def __init__(self, every: int = 20, threshold: float = 0.75, sensors=None, underclock_threshold: float = 0.6):
+    @classmethod
+    def from_arguments(cls, trainer, built=()) -> StragglerCallback | None:
+        sensors = next((c for c in built if isinstance(c, HardwareSensorsCallback)), None)
+        if sensors is None:  # telemetry off
+            return None
+        settings = {**cls.settings(trainer.args), **UnderclockCallback.settings(trainer.args)}
+        straggler = cls(
+            settings["straggler_every"], settings["straggler_threshold"], sensors, settings["underclock_threshold"]
+        )
+        straggler.trainer = trainer
+        return straggler
+
+    def __init__(
+        self,
+        every: int = arguments["straggler_every"],
+        threshold: float = arguments["straggler_threshold"],
+        sensors=None,
+        underclock_threshold: float = UnderclockCallback.arguments["underclock_threshold"],
+    ):
         self.every = max(1, every)
         self.threshold = threshold
         self.underclock_threshold = underclock_threshold
@@ -239,10 +241,6 @@ class StragglerCallback(PretrainCallback):
         self.clock = DeviceClock(args.device)
         self.steps = PendingIntervals(self.clock)
         self.host = socket.gethostname()
-        knob = os.environ.get(SLOW_RANK_KNOB, "")
-        rank, _, seconds = knob.partition(":")
-        self.sleep = float(seconds) if knob and int(rank) == self.rank else 0.0
-        self._sleep_cycles = _cycles_per_second(self.device) * self.sleep if self.sleep and self.clock.cuda else 0
         self.window: dict[str, list[float]] = {k: [] for k in TIMES}
         self._last_end = self._begin = None
         self._ready = None
@@ -299,14 +297,8 @@ class StragglerCallback(PretrainCallback):
         return (wall, wall) if self.clock.cuda else (wall, self.clock.work_mark())
 
     def before_micro_batch(self) -> None:
-        """Called by PretrainTrainer.training_step before each micro-batch (the test knob slows the rank here)."""
+        """Called by PretrainTrainer.training_step before each micro-batch."""
         self._micro_start = self._marks()
-        if self._sleep_cycles:
-            torch.cuda._sleep(int(self._sleep_cycles))  # the device is slow, its host is not
-        elif self.sleep:  # a CPU rank is slow by working longer (busy, so that its CPU time shows it)
-            end = time.perf_counter() + self.sleep
-            while time.perf_counter() < end:
-                pass
         self._ready = None
 
     def record_micro_batch(self, start: float, end: float) -> None:

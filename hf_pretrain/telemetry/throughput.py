@@ -61,8 +61,24 @@ def precision_of(args) -> str:
     return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
 
 
+def sequence_length(trainer) -> int | None:
+    """Tokens per row of the training data (the first row), else the model's maximum context, else None."""
+    try:
+        row = trainer.train_dataset[0]
+        return len(row[getattr(trainer.model, "main_input_name", "input_ids")])
+    except Exception:  # iterable or unusual datasets, rows without input ids: fall back to the config
+        return getattr(getattr(trainer.model, "config", None), "max_position_embeddings", None)
+
+
 class ThroughputCallback(PretrainCallback):
     keep_in_history = False  # read off clocks and sensors: differs between identical runs
+    arguments = {"peak_tflops": None, "measure_peak_tflops": True}
+
+    @classmethod
+    def from_arguments(cls, trainer, built=()) -> ThroughputCallback:
+        settings = cls.settings(trainer.args)
+        tokens_seen = getattr(trainer, "tokens_seen", None)  # PretrainTrainer's own count: the arguments untouched
+        return cls(sequence_length(trainer), settings["peak_tflops"], settings["measure_peak_tflops"], tokens_seen)
 
     def __init__(
         self,

@@ -73,8 +73,19 @@ def underclock_warning(
 
 class UnderclockCallback(PretrainCallback):
     keep_in_history = False  # read off clocks and sensors: differs between identical runs
+    arguments = {"underclock_threshold": 0.6}
 
-    def __init__(self, sensors: HardwareSensorsCallback, threshold: float = 0.6, min_utilization: float = 50.0):
+    @classmethod
+    def from_arguments(cls, trainer, built=()) -> UnderclockCallback | None:
+        sensors = next((c for c in built if isinstance(c, HardwareSensorsCallback)), None)
+        return cls(sensors, cls.settings(trainer.args)["underclock_threshold"]) if sensors else None
+
+    def __init__(
+        self,
+        sensors: HardwareSensorsCallback,
+        threshold: float = arguments["underclock_threshold"],
+        min_utilization: float = 50.0,
+    ):
         self.sensors = sensors
         self.threshold = threshold
         self.min_utilization = min_utilization

@@ -34,6 +34,19 @@ from dataclasses import dataclass, field
 import torch
 from transformers import TrainingArguments
 
+from ..callback import PretrainCallback
+from ..evaluation.generation_probe import GenerationProbeCallback
+from ..telemetry.hardware import HardwareSensorsCallback
+from ..telemetry.straggler import StragglerCallback
+from ..telemetry.throughput import ThroughputCallback
+from ..telemetry.underclock import UnderclockCallback
+from .loss_guard import LossGuardCallback
+
+
+def owned(owner: type[PretrainCallback], name: str, help: str):
+    """A field whose default its callback owns (`PretrainCallback.arguments`)."""
+    return field(default=owner.arguments[name], metadata={"help": help})
+
 
 def accelerator_available() -> bool:
     return torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
@@ -78,12 +91,15 @@ class PretrainingArguments(TrainingArguments):
             "and write preflight.json), 'error' (refuse to start), 'ignore'."
         },
     )
-    peak_tflops: float | None = field(
-        default=None,
-        metadata={"help": "Dense peak TFLOP/s of one device for MFU, when the spec table does not know this chip."},
+    peak_tflops: float | None = owned(
+        ThroughputCallback,
+        "peak_tflops",
+        "Dense peak TFLOP/s of one device for MFU, when the spec table does not know this chip.",
     )
-    measure_peak_tflops: bool = field(
-        default=True, metadata={"help": "Measure a matmul ceiling at start-up for MFU against the reachable peak."}
+    measure_peak_tflops: bool = owned(
+        ThroughputCallback,
+        "measure_peak_tflops",
+        "Measure a matmul ceiling at start-up for MFU against the reachable peak.",
     )
     precision: str | None = field(
         default=None,
@@ -126,33 +142,41 @@ class PretrainingArguments(TrainingArguments):
         default=None,
         metadata={"help": "Set from lr_scheduler_type when it names an hf_pretrain schedule (cosine_restarts, wsd)."},
     )
-    loss_guard: bool = field(
-        default=True, metadata={"help": "Skip updates with a NaN/inf loss or gradient; watch for loss spikes."}
+    loss_guard: bool = owned(
+        LossGuardCallback, "loss_guard", "Skip updates with a NaN/inf loss or gradient; watch for loss spikes."
     )
-    loss_spike_factor: float = field(default=3.0, metadata={"help": "A spike: loss above this x the running median."})
-    loss_spike_window: int = field(default=20, metadata={"help": "Good steps in the running median."})
-    loss_spike_action: str = field(
-        default="log",
-        metadata={
-            "help": "On a spike: log, skip (the update), stop, or rollback (to the newest checkpoint, lower LR)."
-        },
+    loss_spike_factor: float = owned(
+        LossGuardCallback, "loss_spike_factor", "A spike: loss above this x the running median."
     )
-    loss_spike_lr_factor: float = field(
-        default=0.5, metadata={"help": "rollback: multiply the learning rate by this at each roll-back."}
+    loss_spike_window: int = owned(LossGuardCallback, "loss_spike_window", "Good steps in the running median.")
+    loss_spike_action: str = owned(
+        LossGuardCallback,
+        "loss_spike_action",
+        "On a spike: log, skip (the update), stop, or rollback (to the newest checkpoint, lower LR).",
     )
-    loss_spike_max_rollbacks: int = field(
-        default=3, metadata={"help": "rollback: stop with LossSpikeError after this many roll-backs."}
+    loss_spike_lr_factor: float = owned(
+        LossGuardCallback, "loss_spike_lr_factor", "rollback: multiply the learning rate by this at each roll-back."
     )
-    telemetry: bool = field(
-        default=True,
-        metadata={"help": "Hardware sensors, under-clock and straggler detection, and OUTPUT_DIR/telemetry.jsonl."},
+    loss_spike_max_rollbacks: int = owned(
+        LossGuardCallback,
+        "loss_spike_max_rollbacks",
+        "rollback: stop with LossSpikeError after this many roll-backs.",
     )
-    underclock_threshold: float = field(
-        default=0.6, metadata={"help": "Warn when the SM clock under load is below this fraction of its maximum."}
+    telemetry: bool = owned(
+        HardwareSensorsCallback,
+        "telemetry",
+        "Hardware sensors, under-clock and straggler detection, and OUTPUT_DIR/telemetry.jsonl.",
     )
-    straggler_every: int = field(default=20, metadata={"help": "Optimizer steps between straggler exchanges."})
-    straggler_threshold: float = field(
-        default=0.75, metadata={"help": "Flag a rank whose speed score (best compute / its compute) is below this."}
+    underclock_threshold: float = owned(
+        UnderclockCallback,
+        "underclock_threshold",
+        "Warn when the SM clock under load is below this fraction of its maximum.",
+    )
+    straggler_every: int = owned(StragglerCallback, "straggler_every", "Optimizer steps between straggler exchanges.")
+    straggler_threshold: float = owned(
+        StragglerCallback,
+        "straggler_threshold",
+        "Flag a rank whose speed score (best compute / its compute) is below this.",
     )
     eval_lm_metrics: bool = field(
         default=True,
@@ -161,18 +185,19 @@ class PretrainingArguments(TrainingArguments):
             "kept), when no compute_metrics is given. Needs prediction_loss_only=False."
         },
     )
-    probe_prompts: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Generation probe: prompts completed greedily every probe_every steps; 'prompt=>answer' adds an "
-            "expected answer scored by exact match (probe_exact_match)."
-        },
+    probe_prompts: list[str] | None = owned(
+        GenerationProbeCallback,
+        "probe_prompts",
+        "Generation probe: prompts completed greedily every probe_every steps; 'prompt=>answer' adds an "
+        "expected answer scored by exact match (probe_exact_match).",
     )
-    probe_every: int = field(
-        default=0, metadata={"help": "Optimizer steps between generation probes (0: only at the last step)."}
+    probe_every: int = owned(
+        GenerationProbeCallback, "probe_every", "Optimizer steps between generation probes (0: only at the last step)."
     )
-    probe_max_new_tokens: int = field(default=16, metadata={"help": "Tokens generated per probe prompt."})
-    probe_at_end: bool = field(default=True, metadata={"help": "Also probe at the last step."})
+    probe_max_new_tokens: int = owned(
+        GenerationProbeCallback, "probe_max_new_tokens", "Tokens generated per probe prompt."
+    )
+    probe_at_end: bool = owned(GenerationProbeCallback, "probe_at_end", "Also probe at the last step.")
     ddp_find_unused_parameters: bool | None = field(
         default=False,
         metadata={"help": "DDP: search for unused parameters every step (needed only when some go unused)."},

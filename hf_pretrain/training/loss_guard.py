@@ -40,6 +40,14 @@ from ..callback import PretrainCallback
 logger = logging.get_logger(__name__)
 
 ACTIONS = ("log", "skip", "stop", "rollback")
+ARGUMENTS = {  # PretrainingArguments fields -> defaults (their one home)
+    "loss_guard": True,
+    "loss_spike_factor": 3.0,
+    "loss_spike_window": 20,
+    "loss_spike_action": "log",
+    "loss_spike_lr_factor": 0.5,
+    "loss_spike_max_rollbacks": 3,
+}
 
 
 class LossSpikeError(RuntimeError):
@@ -48,15 +56,16 @@ class LossSpikeError(RuntimeError):
 
 class LossGuardCallback(PretrainCallback):
     keep_in_history = False  # events go to loss_guard.jsonl and the logs; the history stays Trainer's
+    arguments = ARGUMENTS
 
     def __init__(
         self,
-        spike_factor: float = 3.0,
-        window: int = 20,
-        spike_action: str = "log",
+        spike_factor: float = ARGUMENTS["loss_spike_factor"],
+        window: int = ARGUMENTS["loss_spike_window"],
+        spike_action: str = ARGUMENTS["loss_spike_action"],
         output_dir: str | None = None,
-        rollback_lr_factor: float = 0.5,
-        max_rollbacks: int = 3,
+        rollback_lr_factor: float = ARGUMENTS["loss_spike_lr_factor"],
+        max_rollbacks: int = ARGUMENTS["loss_spike_max_rollbacks"],
     ):
         if spike_action not in ACTIONS:
             raise ValueError(f"loss_spike_action={spike_action!r} is invalid; use one of {list(ACTIONS)}.")
@@ -75,6 +84,22 @@ class LossGuardCallback(PretrainCallback):
         self.events: list[dict] = []
         self._losses: list[torch.Tensor] = []
         self._pending: dict = {}
+
+    @classmethod
+    def from_arguments(cls, trainer, built=()) -> LossGuardCallback | None:
+        settings = cls.settings(trainer.args)
+        if not settings["loss_guard"]:
+            return None
+        guard = cls(
+            settings["loss_spike_factor"],
+            settings["loss_spike_window"],
+            settings["loss_spike_action"],
+            trainer.args.output_dir,
+            settings["loss_spike_lr_factor"],
+            settings["loss_spike_max_rollbacks"],
+        )
+        guard.model = trainer.model
+        return guard
 
     def record_loss(self, loss: torch.Tensor) -> None:
         self._losses.append(loss.detach().float())

@@ -37,14 +37,13 @@ from .checkpointing import Checkpointing
 from .checkpoints import read_run_state
 from .data_position import DataPosition
 from .eval_metrics import is_causal_lm, lm_eval_metrics
-from .loss_guard import LossSpikeError, guard_optimizer
+from .loss_guard import LossGuardCallback, LossSpikeError, guard_optimizer
 from .processes import check_launched_world_size, leave_process_group, single_process_rendezvous, wait_for_everyone
 from .schedules import build_schedule
 from .tokens import TokenCounter
 from .wiring import (
     attention_preflight_for,
     callbacks_from_arguments,
-    loss_guard_from_arguments,
     packed_documents,
     precision_from_arguments,
 )
@@ -78,7 +77,7 @@ class PretrainTrainer(Trainer):
                 "evaluation set ([samples, seq, vocab]). Reduce them per batch with "
                 "hf_pretrain.evaluation.preprocess_logits_for_metrics (docs/evaluation.md)."
             )
-        self.loss_guard = loss_guard_from_arguments(self.args, self.model)  # attached at train()
+        self.loss_guard = LossGuardCallback.from_arguments(self)  # attached at train()
         self.precision_report = precision_from_arguments(self)
         check_launched_world_size(self.args.world_size)
 
@@ -124,13 +123,11 @@ class PretrainTrainer(Trainer):
 
     def _attach_callbacks(self) -> None:
         self.tokens.reset()
-        callbacks = ([self.loss_guard] if self.loss_guard is not None else []) + callbacks_from_arguments(
-            self, self.tokens_seen
-        )
+        callbacks = ([self.loss_guard] if self.loss_guard is not None else []) + callbacks_from_arguments(self)
         for callback in callbacks:
             self.add_callback(callback)
         self._attached = callbacks
-        self._micro_batch_timers = [c for c in callbacks if hasattr(c, "record_micro_batch")]
+        self._micro_batch_timers = [c for c in callbacks if c.times_micro_batches]
 
     def _rollback_checkpoint(self, spike_step: int) -> str:
         try:

@@ -1,8 +1,9 @@
 """What `PretrainTrainer` builds from its arguments: the loss guard, the callbacks of a `train()` call, the
 precision recipe and the attention preflight.
 
-Plain `TrainingArguments` lack hf_pretrain's fields: each is read with its default (`PretrainingArguments`
-declares the same defaults), so a `Trainer` script gets the extras unchanged.
+Plain `TrainingArguments` lack hf_pretrain's fields: each callback reads its own with the defaults it owns
+(`PretrainCallback.arguments`, which `PretrainingArguments` declares its fields from), so a `Trainer` script gets
+the extras unchanged.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 from transformers import DataCollatorWithFlattening
 
 from ..callback import PretrainCallback
-from ..evaluation import GenerationProbeCallback, parse_prompt
+from ..evaluation import GenerationProbeCallback
 from ..modeling.attention import Environment, plan_attention
 from ..precision import apply_precision
 from ..precision.recipes import LOW_PRECISION
@@ -20,28 +21,12 @@ from ..telemetry.hardware import HardwareSensorsCallback
 from ..telemetry.jsonl import JsonlCallback
 from ..telemetry.moe import MoECallback
 from ..telemetry.straggler import StragglerCallback
-from ..telemetry.throughput import ThroughputCallback
+from ..telemetry.throughput import ThroughputCallback, sequence_length
 from ..telemetry.underclock import UnderclockCallback
-from .loss_guard import LossGuardCallback
 
 
 def _get(args, name, default):
     return getattr(args, name, default)
-
-
-def loss_guard_from_arguments(args, model) -> LossGuardCallback | None:
-    if not _get(args, "loss_guard", True):
-        return None
-    guard = LossGuardCallback(
-        _get(args, "loss_spike_factor", 3.0),
-        _get(args, "loss_spike_window", 20),
-        _get(args, "loss_spike_action", "log"),
-        args.output_dir,
-        _get(args, "loss_spike_lr_factor", 0.5),
-        _get(args, "loss_spike_max_rollbacks", 3),
-    )
-    guard.model = model
-    return guard
 
 
 def precision_from_arguments(trainer):
@@ -62,49 +47,27 @@ def precision_from_arguments(trainer):
     return report
 
 
-def callbacks_from_arguments(trainer, tokens_seen) -> list[PretrainCallback]:
-    """The callbacks of one `train()` call: throughput always, MoE load for MoE models, sensors, under-clock,
-    straggler and the JSONL stream with `telemetry`, the generation probe with `probe_prompts`."""
-    args = trainer.args
-    callbacks: list[PretrainCallback] = [
-        ThroughputCallback(
-            sequence_length(trainer),
-            _get(args, "peak_tflops", None),
-            _get(args, "measure_peak_tflops", True),
-            tokens_seen,
-        )
-    ]
-    experts = getattr(getattr(trainer.model, "config", None), "num_experts", 0)
-    if experts and not any(isinstance(c, MoECallback) for c in trainer.callback_handler.callbacks):
-        callbacks.append(MoECallback(trainer.model))  # expert load, aux / z losses, dropped tokens in the logs
-    if _get(args, "telemetry", True):
-        sensors = HardwareSensorsCallback(every=args.logging_steps if args.logging_strategy == "steps" else 10)
-        underclock = _get(args, "underclock_threshold", 0.6)
-        straggler = StragglerCallback(
-            _get(args, "straggler_every", 20), _get(args, "straggler_threshold", 0.75), sensors, underclock
-        )
-        straggler.trainer = trainer
-        callbacks += [sensors, UnderclockCallback(sensors, underclock), straggler, JsonlCallback(args.output_dir)]
-    if _get(args, "probe_prompts", None) and (_get(args, "probe_every", 0) > 0 or _get(args, "probe_at_end", True)):
-        callbacks.append(
-            GenerationProbeCallback(
-                [parse_prompt(p) for p in args.probe_prompts],
-                args.probe_every,
-                args.probe_max_new_tokens,
-                tokenizer=trainer.processing_class,
-                at_end=args.probe_at_end,
-            )
-        )
-    return callbacks
+# The callbacks a train() call may attach, in order: each builds itself from the arguments (or declines); the
+# under-clock, straggler and JSONL callbacks follow the sensors' `telemetry` switch and share their reading.
+RUN_CALLBACKS: tuple[type[PretrainCallback], ...] = (
+    ThroughputCallback,
+    MoECallback,
+    HardwareSensorsCallback,
+    UnderclockCallback,
+    StragglerCallback,
+    JsonlCallback,
+    GenerationProbeCallback,
+)
 
 
-def sequence_length(trainer) -> int | None:
-    """Tokens per row of the training data (the first row), else the model's maximum context, else None."""
-    try:
-        row = trainer.train_dataset[0]
-        return len(row[getattr(trainer.model, "main_input_name", "input_ids")])
-    except Exception:  # iterable or unusual datasets, rows without input ids: fall back to the config
-        return getattr(getattr(trainer.model, "config", None), "max_position_embeddings", None)
+def callbacks_from_arguments(trainer) -> list[PretrainCallback]:
+    """The callbacks of one `train()` call that the arguments ask for (the loss guard is built with the trainer)."""
+    built: list[PretrainCallback] = []
+    for kind in RUN_CALLBACKS:
+        callback = kind.from_arguments(trainer, built)
+        if callback is not None:
+            built.append(callback)
+    return built
 
 
 def packed_documents(collator) -> bool:

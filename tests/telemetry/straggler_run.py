@@ -8,9 +8,12 @@ from datasets import Dataset
 from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
 from hf_pretrain.data import PackedDocumentCollator
 from hf_pretrain.presets import get_preset
+from tests.training.faults import slow_down_rank
 
 
-def main(output_dir: str, accumulation: int = 1, threshold: float = 0.75, steps: int = 8, every: int = 4) -> None:
+def main(
+    output_dir: str, slow: str = "", accumulation: int = 1, threshold: float = 0.75, steps: int = 8, every: int = 4
+) -> None:
     torch.manual_seed(0)
     ids = torch.randint(2, 512, (2 * 2 * steps * accumulation, 64))
     args = PretrainingArguments(
@@ -28,8 +31,12 @@ def main(output_dir: str, accumulation: int = 1, threshold: float = 0.75, steps:
         seed=0,
     )
     config = get_preset("tiny", vocab_size=512, num_hidden_layers=2)
+    model = PretrainForCausalLM(config)
+    if slow:  # "RANK:SECONDS"
+        rank, _, seconds = slow.partition(":")
+        slow_down_rank(model, int(rank), float(seconds))
     trainer = PretrainTrainer(
-        model=PretrainForCausalLM(config),
+        model=model,
         args=args,
         train_dataset=Dataset.from_dict({"input_ids": ids.tolist()}),
         data_collator=PackedDocumentCollator(1),
@@ -39,6 +46,6 @@ def main(output_dir: str, accumulation: int = 1, threshold: float = 0.75, steps:
     trainer.accelerator.end_training()  # tear the process group down before exit, not in interpreter shutdown
 
 
-if __name__ == "__main__":  # OUTPUT_DIR [ACCUMULATION THRESHOLD STEPS EVERY]
-    numbers = [int, float, int, int]
+if __name__ == "__main__":  # OUTPUT_DIR SLOW ("RANK:SECONDS" or "") [ACCUMULATION THRESHOLD STEPS EVERY]
+    numbers = [str, int, float, int, int]
     main(sys.argv[1], *(kind(value) for kind, value in zip(numbers, sys.argv[2:])))

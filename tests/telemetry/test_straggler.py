@@ -164,9 +164,6 @@ def test_each_linear_forward_is_timed_inside_steps_only():
 
 def launch(tmp_path, nproc, slow=None, accumulation=1, threshold=0.75, steps=8, every=4):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("HF_PRETRAIN_TEST_SLOW_RANK", None)
-    if slow:
-        env["HF_PRETRAIN_TEST_SLOW_RANK"] = slow
     with (
         socket.socket() as s
     ):  # a free port for the rendezvous (port 0 is not accepted by torchrun's static rendezvous)
@@ -178,8 +175,10 @@ def launch(tmp_path, nproc, slow=None, accumulation=1, threshold=0.75, steps=8, 
         "torch.distributed.run",
         f"--nproc_per_node={nproc}",
         f"--master_port={port}",
-        str(HERE / "straggler_run.py"),
+        "-m",
+        "tests.telemetry.straggler_run",
         str(tmp_path),
+        slow or "",
         str(accumulation),
         str(threshold),
         str(steps),
