@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hf_pretrain.telemetry.jsonl import read_jsonl
-from hf_pretrain.telemetry.straggler import FIELDS, reading_of, reasons_mask, straggler_report, straggler_scores
+from hf_pretrain.telemetry.straggler_rule import FIELDS, reading_of, reasons_mask, straggler_report, straggler_scores
 from hf_pretrain.telemetry.underclock import underclock_warning
 from tests.telemetry import engine_timelines as timelines
 
