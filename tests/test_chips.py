@@ -1,6 +1,7 @@
 """The one chip table: every reader (telemetry, the memory estimator, the planner) resolves a chip through it."""
 
 import pytest
+import torch
 
 from hf_pretrain.chips import CHIPS, device_memory_bytes, find_chip, known_chips, match, spec_tflops
 from hf_pretrain.distributed.memory import estimate_memory
@@ -53,3 +54,16 @@ def test_every_recipe_column_is_a_chip_column():
     columns = {column for chip in CHIPS for column in chip.tflops}
     assert {r.spec_key for r in RECIPES.values() if r.spec_key != "fp32"} <= columns
     assert set(known_chips("memory")) < set(known_chips("peak")) == set(known_chips())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_this_gpu_resolves_and_its_memory_figure_is_what_torch_sees():
+    name = torch.cuda.get_device_name()
+    chip = find_chip(name)
+    if chip is None:
+        pytest.skip(f"{name!r} is not in chips.py: add its row (peaks and memory)")
+    assert chip.tflops.get("bf16"), name
+    total = torch.cuda.get_device_properties(0).total_memory
+    if chip.memory_mib:  # nvidia-smi's total is within 2 % of torch's (the driver reserves a little)
+        assert abs(device_memory_bytes(name) / total - 1) < 0.02, (name, device_memory_bytes(name), total)
