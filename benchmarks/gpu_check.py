@@ -309,10 +309,11 @@ def check_mfu_bf16(ctx: Context) -> dict:
 def check_fp8_vs_bf16(ctx: Context) -> dict:
     require(old_transformers(), missing("torchao", "the fp8 recipe is torchao's float8 training"))
     from hf_pretrain import PretrainForCausalLM, get_preset
+    from hf_pretrain.chips import spec_tflops
+    from hf_pretrain.modeling.accounting import flops_per_token
     from hf_pretrain.precision import apply_precision
     from hf_pretrain.precision.recipes import emulated
-    from hf_pretrain.telemetry.flops import flops_per_token
-    from hf_pretrain.telemetry.peaks import device_name, spec_tflops
+    from hf_pretrain.telemetry.peaks import device_name
 
     s = ctx.sizes
     config = get_preset(s.fp8_preset, max_position_embeddings=s.fp8_seq)

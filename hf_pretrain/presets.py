@@ -5,7 +5,7 @@
 real parameter count). Shapes follow the usual recipes: SwiGLU width about 8/3 of the hidden size
 rounded up to a multiple of 64/128, head_dim 64 or 128, untied embeddings except where the
 original model tied them (GPT-2). MoE presets are named by their total parameters (all experts);
-`telemetry.flops.matmul_parameters` gives the active ones.
+`modeling.accounting.matmul_parameters` gives the active ones.
 """
 
 from __future__ import annotations

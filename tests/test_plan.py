@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from hf_pretrain import PretrainConfig
+from hf_pretrain.chips import device_memory_bytes
 from hf_pretrain.cli import main as cli
-from hf_pretrain.distributed.memory import count_parameters, device_memory_bytes, estimate_memory
+from hf_pretrain.distributed.memory import estimate_memory
+from hf_pretrain.modeling.accounting import count_parameters, flops_per_token
 from hf_pretrain.plan import PlanRefused, PlanRequest, make_plan, write_plan
 from hf_pretrain.plan.hardware import MFU_ASSUMPTIONS
 from hf_pretrain.plan.output import launch_command
@@ -30,7 +32,6 @@ from hf_pretrain.plan.scaling import (
 )
 from hf_pretrain.preflight.trial import summarize
 from hf_pretrain.presets import get_preset, load_config
-from hf_pretrain.telemetry.flops import flops_per_token
 from hf_pretrain.training.schedules import build_schedule
 
 ROOT = Path(__file__).resolve().parents[1]

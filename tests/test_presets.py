@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from hf_pretrain import PRESETS, PretrainForCausalLM, get_preset
+from hf_pretrain.modeling import accounting
 from hf_pretrain.presets import nominal_parameters
 
 
@@ -19,6 +20,7 @@ def test_registry_has_the_required_presets():
 def test_parameter_count_matches_the_name(name):
     count = count_parameters(get_preset(name))
     assert abs(count / nominal_parameters(name) - 1) < 0.05, f"{name}: {count:,} parameters"
+    assert accounting.count_parameters(get_preset(name)) == count  # the estimator's and planner's count is the model's
 
 
 def test_presets_have_the_advertised_shapes():

@@ -5,12 +5,13 @@ bytes per GPU; `format_estimate` prints it as one screen; `cli(argv)` is `hf-pre
 Every number is a formula of the config (no model is built), so it prices a 7B on a laptop.
 
 Model states (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
-Models", section 3.1 and figure 1), Psi = parameters, N = `gpus`:
+Models", section 3.1 and figure 1), Psi = parameters, N = `gpus`; the bytes are each recipe's
+`bytes_per_parameter` (precision/recipes.py), parameter counts `modeling/accounting.py`'s:
 
 | precision | weights | gradients | optimizer states (Adam) |
 |---|---|---|---|
 | `bf16` / `fp16` (mixed) | 2 Psi | 2 Psi | 12 Psi: fp32 master weights, m, v |
-| `fp8` (torchao) | 2 Psi | 2 Psi | 12 Psi: torchao keeps bf16 weights and casts to fp8 per matmul: priced as bf16 |
+| `fp8`, `te-*` (torchao, TE) | 2 Psi | 2 Psi | 12 Psi: bf16 weights cast to fp8 / fp4 per matmul: priced as bf16 |
 | `fp32` | 4 Psi | 4 Psi | 8 Psi: m, v |
 
 ZeRO-1 divides the optimizer states by N, ZeRO-2 also the gradients, ZeRO-3 also the weights. DeepSpeed's
@@ -84,51 +85,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 from dataclasses import dataclass, field
+
+from ..chips import device_memory_bytes, known_chips
+from ..modeling.accounting import attention_widths, count_parameters, head_dim, layer_parameters, mlp_kinds
+from ..precision.recipes import FP16, RECIPES, Recipe
 
 GiB = 1024**3
 
-PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
-# precision -> (weight bytes, gradient bytes, optimizer-state bytes per parameter, activation element bytes)
-BYTES_PER_PARAMETER: dict[str, tuple[int, int, int, int]] = {
-    "bf16": (2, 2, 12, 2),
-    "fp16": (2, 2, 12, 2),
-    "fp8": (2, 2, 12, 2),
-    "fp32": (4, 4, 8, 4),
-}
-
-# Device memory in MiB: nvidia-smi's memory.total where known (an "80 GB" H100 shows 81559 MiB), else the
-# nominal size. Keys are matched like `telemetry.peaks.spec_tflops` (lower case, most specific first); a dict
-# holds the variants of one chip by their size in GB, the first one being the default.
-DEVICE_MEMORY_MIB: dict[str, int | dict[int, int]] = {
-    "gb200": 189_471,  # nominal 186 GB HBM3e per GPU
-    "b200": 183_359,
-    "gb10": 131_072,  # DGX Spark: 128 GB of unified memory shared with the CPU
-    "dgx spark": 131_072,
-    "h200": 143_771,
-    "h100 nvl": 95_830,
-    "h100": {80: 81_559, 94: 95_830},
-    "a100": {80: 81_920, 40: 40_960},
-    "l40s": 46_068,
-    "l40": 46_068,
-    "l4": 23_034,
-    "rtx 5090": 32_607,
-    "rtx 4090": 24_564,
-    "mi300x": 196_608,
-}
-
-
-def device_memory_bytes(name: str) -> int | None:
-    """Memory of a device named like `torch.cuda.get_device_name()` or `h100`, `a100-40`; None when unknown."""
-    lowered = re.sub(r"[-_]", " ", name.lower())
-    for key, mib in DEVICE_MEMORY_MIB.items():
-        if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", lowered):  # "l4" is not "l40s"
-            if isinstance(mib, dict):
-                sizes = [int(n) for n in re.findall(r"(?<![0-9])(\d+)\s*(?:gb|g)?(?![0-9])", lowered)]
-                mib = next((mib[n] for n in sizes if n in mib), next(iter(mib.values())))
-            return mib * 1024**2
-    return None
+# precision -> (weight bytes, gradient bytes, optimizer-state bytes per parameter, activation element bytes): each
+# recipe's own `bytes_per_parameter` (precision/recipes.py), and transformers' `fp16=True`
+PRICED: dict[str, Recipe] = {**RECIPES, FP16.name: FP16}
+BYTES_PER_PARAMETER: dict[str, tuple[int, int, int, int]] = {name: r.bytes_per_parameter for name, r in PRICED.items()}
+PRECISIONS = tuple(BYTES_PER_PARAMETER)
 
 
 @dataclass
@@ -198,39 +167,6 @@ class MemoryEstimate:
         return out
 
 
-def _head_dims(config) -> tuple[int, int, int]:
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = config.num_key_value_heads or config.num_attention_heads
-    return head_dim, config.num_attention_heads * head_dim, kv_heads * head_dim
-
-
-def _layer_kinds(config) -> list[str]:
-    """ "dense" / "sparse" (MoE) per decoder layer."""
-    return list(getattr(config, "mlp_layer_types", None) or ["dense"] * config.num_hidden_layers)
-
-
-def layer_parameters(config, kind: str = "dense") -> int:
-    """Weights of one decoder layer: q/k/v/o, the three SwiGLU projections (all experts and the router for an
-    MoE layer), two RMSNorm scales (and biases)."""
-    h, inter = config.hidden_size, config.intermediate_size
-    _, q, k = _head_dims(config)
-    attention = h * q + 2 * h * k + q * h
-    if getattr(config, "attention_bias", False):
-        attention += q + 2 * k + h
-    if kind == "sparse":
-        experts, width = config.num_experts, config.moe_intermediate_size or inter
-        mlp = h * experts + experts * 3 * h * width
-    else:
-        mlp = 3 * h * inter + (2 * inter + h if getattr(config, "mlp_bias", False) else 0)
-    return attention + mlp + 2 * h
-
-
-def count_parameters(config) -> int:
-    """Parameters of `PretrainForCausalLM(config)` from its shape alone (a tied LM head is counted once)."""
-    embeddings = config.vocab_size * config.hidden_size * (1 if config.tie_word_embeddings else 2)
-    return sum(layer_parameters(config, kind) for kind in _layer_kinds(config)) + embeddings + config.hidden_size
-
-
 def _norm_bytes_per_token(h: int, e: int) -> int:
     """One RMSNorm: its input upcast to fp32, the normalised tensor, the output, the fp32 inverse RMS."""
     return 4 * h + 2 * e * h + 4
@@ -244,7 +180,7 @@ def layer_activation_bytes_per_token(
     gathered copies of the tokens are left out: approximate)."""
     e = BYTES_PER_PARAMETER[precision][3]
     h, inter, heads = config.hidden_size, config.intermediate_size, config.num_attention_heads
-    _, q, k = _head_dims(config)
+    q, k = attention_widths(config)
     norms = 2 * _norm_bytes_per_token(h, e)
     if flash_attention:
         attention = e * (2 * q + 2 * k) + 4 * heads  # q, k, v, output; fp32 log-sum-exp per head
@@ -268,17 +204,16 @@ def activation_bytes(
     """Saved-for-backward bytes of the decoder stack (embedding output to the final norm) for one micro-batch."""
     e = BYTES_PER_PARAMETER[precision][3]
     tokens = seq_len * micro_batch
-    head_dim, _, _ = _head_dims(config)
     layers = [
         layer_activation_bytes_per_token(config, seq_len, precision, flash_attention, kind) * tokens
-        for kind in _layer_kinds(config)
+        for kind in mlp_kinds(config)
     ]
     if checkpointing:  # the layers' inputs, and one layer's working set at a time
         stack = config.num_hidden_layers * e * config.hidden_size * tokens + max(layers)
     else:
         stack = sum(layers)
     final_norm = _norm_bytes_per_token(config.hidden_size, e) * tokens
-    rope = 2 * seq_len * head_dim * e
+    rope = 2 * seq_len * head_dim(config) * e
     return stack + final_norm + rope
 
 
@@ -314,8 +249,8 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """Per-GPU bytes of training `config` with ZeRO stage `zero` over `gpus` GPUs (module docstring: formulas).
 
-    `seq_len` defaults to the config's `max_position_embeddings`. `device` names a GPU of
-    `DEVICE_MEMORY_MIB` (e.g. "H100", "A100-40GB", or `torch.cuda.get_device_name()`); `device_memory_gb`
+    `seq_len` defaults to the config's `max_position_embeddings`. `device` names a GPU of the chip table
+    (`hf_pretrain/chips.py`: e.g. "H100", "A100-40GB", or `torch.cuda.get_device_name()`); `device_memory_gb`
     (GiB, the unit card names use) overrides it.
     """
     if zero not in (0, 1, 2, 3):
@@ -336,7 +271,7 @@ def estimate_memory(
     gradients = grad * psi // (gpus if zero >= 2 else 1)
     optimizer_states = optim * psi // (gpus if zero >= 1 else 1)
     largest_unit = max(
-        *(layer_parameters(config, kind) for kind in _layer_kinds(config)), config.vocab_size * config.hidden_size
+        *(layer_parameters(config, kind) for kind in mlp_kinds(config)), config.vocab_size * config.hidden_size
     )
     zero3_gathered = (weight + grad) * largest_unit if zero == 3 and gpus > 1 else 0
     mixed = weight < 4  # 16-bit weights with fp32 master states
@@ -349,8 +284,12 @@ def estimate_memory(
         if zero == 3:
             cpu_bytes += parameters
             parameters = 0
-    if precision == "fp8":
-        notes.append("fp8 (torchao): weights, gradients and activations priced as bf16; fp8 copies are transient")
+    library = PRICED[precision].library
+    if library is not None:  # low-precision linears: 16-bit weights, cast per matmul
+        low = PRICED[precision].spec_key
+        notes.append(
+            f"{precision} ({library.label}): weights, gradients and activations priced as bf16; {low} copies are transient"
+        )
     if not flash_attention:
         notes.append("no flash attention: the s x s softmax of every layer is kept for backward")
     if zero == 3 and gpus > 1:
@@ -362,7 +301,7 @@ def estimate_memory(
     elif device is not None:
         device_bytes = device_memory_bytes(device)
         if device_bytes is None:
-            known = sorted(DEVICE_MEMORY_MIB)
+            known = known_chips("memory")
             raise ValueError(f"device={device!r} is not in the table {known}; pass device_memory_gb instead.")
     return MemoryEstimate(
         model=model or getattr(config, "name_or_path", "") or "config",
@@ -483,7 +422,7 @@ def cli(argv: list[str]) -> int:
     parser.add_argument(
         "--no-flash-attention", action="store_true", help="a kernel that keeps the s x s softmax (eager)"
     )
-    parser.add_argument("--device", default=None, help=f"GPU name, one of {sorted(DEVICE_MEMORY_MIB)}")
+    parser.add_argument("--device", default=None, help=f"GPU name, one of {known_chips('memory')}")
     parser.add_argument("--device-memory-gb", type=float, default=None, help="device memory in GiB (overrides)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON (bytes)")
     args = parser.parse_args(argv)

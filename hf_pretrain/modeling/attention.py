@@ -40,7 +40,8 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-FULL, SLIDING = "full_attention", "sliding_attention"
+from .accounting import FULL, SLIDING, layer_windows
+
 BACKENDS = ("flash_attention_3", "flash_attention_2", "flex_attention", "sdpa", "eager")
 KERNEL_PACKAGES = {"flash_attention_3": "flash_attn_interface", "flash_attention_2": "flash_attn"}
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -209,10 +210,8 @@ def best_backend(need: LayerNeed, env: Environment) -> Choice:
 
 def layer_needs(config, packed: bool) -> dict[str, LayerNeed]:
     """One need per layer type present in the model."""
-    return {
-        t: LayerNeed(t, config.sliding_window if t == SLIDING else None, packed)
-        for t in dict.fromkeys(config.layer_types)
-    }
+    windows = dict(zip(config.layer_types, layer_windows(config)))  # one window per layer type
+    return {t: LayerNeed(t, window, packed) for t, window in windows.items()}
 
 
 def plan_attention(config, env: Environment, packed: bool, requested: str | None = None) -> dict[str, Choice]:

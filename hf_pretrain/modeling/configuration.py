@@ -49,6 +49,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
 from transformers.activations import ACT2FN
 
+from .accounting import layer_windows
 from .attention import BACKENDS
 
 WINDOW_LETTERS = {"S": "sliding_attention", "L": "full_attention"}
@@ -219,15 +220,10 @@ class PretrainConfig(LlamaConfig):
         self._check_windows()
         self._check_moe()
 
-    def to_dict(self) -> dict:
-        out = super().to_dict()
-        out.pop("_attention_request_seen", None)  # bookkeeping of the model's init, not a setting
-        return out
-
     @property
     def window_sizes(self) -> list[int | None]:
-        """Per-layer window in tokens (None for full attention)."""
-        return [self.sliding_window if t == "sliding_attention" else None for t in self.layer_types]
+        """Per-layer window in tokens (None for full attention): `accounting.layer_windows`."""
+        return layer_windows(self)
 
     @property
     def mlp_layer_types(self) -> list[str]:

@@ -29,6 +29,8 @@ are computed together from the hidden states in chunks (`loss.py`), never materi
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
@@ -46,10 +48,10 @@ from transformers.models.llama.modeling_llama import (
 )
 from transformers.utils import logging
 
+from .accounting import layer_windows
 from .attention import (
     BACKENDS,
     KERNEL_PACKAGES,
-    SLIDING,
     BackendUnavailableError,
     Choice,
     Environment,
@@ -64,6 +66,9 @@ from .moe import MoEMetrics, PretrainExperts, PretrainMoE, PretrainMoeCausalLMOu
 
 logger = logging.get_logger(__name__)
 
+# The model whose __init__ is the outermost one running in this thread (a PretrainForCausalLM builds a PretrainModel).
+_BUILDING: ContextVar[nn.Module | None] = ContextVar("hf_pretrain_building", default=None)
+
 
 class PretrainAttention(nn.Module):
     """Multi-head attention with GQA and RoPE; `sliding_window` is None on full layers."""
@@ -77,7 +82,7 @@ class PretrainAttention(nn.Module):
         self.scaling = self.head_dim**-0.5
         self.attention_dropout = config.attention_dropout
         self.is_causal = True
-        self.sliding_window = config.sliding_window if config.layer_types[layer_idx] == SLIDING else None
+        self.sliding_window = layer_windows(config)[layer_idx]
         bias = config.attention_bias
         q_dim, kv_dim = config.num_attention_heads * self.head_dim, config.num_key_value_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, q_dim, bias=bias)
@@ -143,36 +148,37 @@ class PretrainPreTrainedModel(PreTrainedModel):
         # transformers' `attn_implementation=` (from_pretrained, from_config, set_attn_implementation) asks for one
         # kernel everywhere ("auto": hf_pretrain's per-layer-type choice): record it as `attention_backend`. Only the
         # outermost init sees the user's request; a nested PretrainModel init sees the default transformers filled in.
-        first = not getattr(self.config, "_attention_request_seen", False)
-        if first:
-            self._owns_attention_request = True
+        # Which init is outermost is this thread's bookkeeping (`_BUILDING`), never written into the config.
+        first = _BUILDING.get() is None
+        if is_init_check and first:
+            _BUILDING.set(self)
         if attn_implementation in ("auto", *BACKENDS) and (first or not is_init_check):
             self.config.attention_backend = attn_implementation
-        self.config._attention_request_seen = True
         if attn_implementation == "auto":
             attn_implementation = None  # transformers' own default for the fields it reads
         return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check=is_init_check, **kwargs)
 
     def _end_of_init(self) -> None:
-        if getattr(self, "_owns_attention_request", False):  # the config may build another model later
-            self.config._attention_request_seen = False
-            self._owns_attention_request = False
+        if _BUILDING.get() is self:  # the outermost init is over: the next model built is outermost again
+            _BUILDING.set(None)
 
 
 class PretrainModel(PretrainPreTrainedModel):
     """The decoder stack without the LM head (`LlamaModel`'s parameter names)."""
 
     def __init__(self, config: PretrainConfig):
-        super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
-        self.layers = nn.ModuleList(PretrainDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = LlamaRotaryEmbedding(config=config)
-        self.gradient_checkpointing = False
-        self.attention_plan: dict[str, Choice] | None = None
-        self._plan_key = None
-        self.post_init()
-        self._end_of_init()
+        try:
+            super().__init__(config)
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+            self.layers = nn.ModuleList(PretrainDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+            self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            self.rotary_emb = LlamaRotaryEmbedding(config=config)
+            self.gradient_checkpointing = False
+            self.attention_plan: dict[str, Choice] | None = None
+            self._plan_key = None
+            self.post_init()
+        finally:
+            self._end_of_init()
 
     def set_attention_plan(self, plan: dict[str, Choice] | None, pin: bool = False) -> None:
         """Run each layer type with the kernel `plan` names (see `attention.plan_attention`).
@@ -302,14 +308,16 @@ class PretrainForCausalLM(PretrainPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
     def __init__(self, config: PretrainConfig):
-        super().__init__(config)
-        self.model = PretrainModel(config)
-        self.vocab_size = config.vocab_size
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        # MoE: running sums of the routing statistics of training forwards, popped by MoECallback at each log.
-        self.moe_metrics = MoEMetrics() if config.num_experts else None
-        self.post_init()
-        self._end_of_init()
+        try:
+            super().__init__(config)
+            self.model = PretrainModel(config)
+            self.vocab_size = config.vocab_size
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            # MoE: running sums of the routing statistics of training forwards, popped by MoECallback at each log.
+            self.moe_metrics = MoEMetrics() if config.num_experts else None
+            self.post_init()
+        finally:
+            self._end_of_init()
 
     def forward(
         self,

@@ -25,7 +25,7 @@ def cli(argv: list[str]) -> int:
         description="Budget and hardware in; a compute-optimal run that fits memory out (docs/plan.md).",
     )
     hardware = parser.add_argument_group("hardware")
-    hardware.add_argument("--device", required=True, help="chip name: h100, h200, a100, gb10, b200, ... (peaks.py)")
+    hardware.add_argument("--device", required=True, help="chip name: h100, h200, a100, gb10, b200, ... (chips.py)")
     hardware.add_argument("--gpus", type=int, default=1, help="GPUs per node (default 1)")
     hardware.add_argument("--nodes", type=int, default=1, help="machines (default 1)")
     hardware.add_argument("--trial", default=None, help="trial.json of `hf-pretrain trial` on this chip: measured MFU")

@@ -1,8 +1,8 @@
 """The chip side of a plan: dense peak, memory and MFU, each with where it came from.
 
-- Peak: `telemetry/peaks.py`'s spec table, for the precision the recipe's matmuls run in (the same choice
-  `telemetry/throughput.precision_of` makes when it computes MFU), or `--peak-tflops`.
-- Memory: `distributed/memory.py`'s device table (nvidia-smi's total), or `--device-memory-gb`.
+- Peak: the chip table (`chips.py`), in the recipe's `spec_key` column (the precision its matmuls run in, the
+  column MFU reads too), or `--peak-tflops`.
+- Memory: the chip table's memory (nvidia-smi's total), or `--device-memory-gb`.
 - MFU: `--mfu`; else measured by `hf-pretrain trial` (`--trial trial.json`: the MFU against spec of the
   recommended recipe, or of `--precision`; a trial measures its own model on one GPU, so it is a guide to the
   planned run, not a measurement of it); else `MFU_ASSUMPTIONS`, recorded runs of shared/FIELD-NOTES.md
@@ -12,18 +12,18 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
-from ..distributed.memory import GiB, device_memory_bytes
-from ..telemetry.peaks import SPEC_TFLOPS, spec_tflops
-from ..telemetry.throughput import precision_of
+from ..chips import device_memory_bytes, known_chips, match, spec_tflops
+from ..distributed.memory import GiB
+from ..precision.recipes import RECIPES as ALL_RECIPES
 
-RECIPES = ("bf16", "fp8", "te-fp8", "te-mxfp8", "te-nvfp4")
+# The recipes a plan can run: those training in bf16 autocast (the recorded MFUs below are bf16 runs'; fp32 is
+# not planned).
+RECIPES = tuple(name for name, recipe in ALL_RECIPES.items() if recipe.autocast == "bf16")
 # MFU against the spec bf16 peak that recorded runs reached (shared/FIELD-NOTES.md), with FLOPs counted by
-# telemetry/flops.py. Keys match device names like telemetry.peaks (most specific first).
+# modeling/accounting.py. Keys are matched against device names by `chips.match` (most specific first).
 MFU_ASSUMPTIONS: dict[str, tuple[float, str]] = {
     "gb10": (0.35, "field notes A: one GB10, 0.9B model, 5.2B tokens in 165 h = 35 % of 125 TFLOP/s"),
     "dgx spark": (0.35, "field notes A: one GB10, 0.9B model, 5.2B tokens in 165 h = 35 % of 125 TFLOP/s"),
@@ -67,14 +67,6 @@ class Hardware:
         return self.world * self.peak_tflops * 1e12 * self.mfu
 
 
-def _lookup(table: dict, device: str):
-    name = re.sub(r"[-_]", " ", device.lower())
-    for key, value in table.items():
-        if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", name):
-            return value
-    return None
-
-
 def _trial_row(path: str, recipe: str | None) -> dict:
     try:
         result = json.loads(Path(path).read_text())
@@ -105,21 +97,21 @@ def resolve_hardware(request) -> Hardware:
     recipe = recipe or "bf16"
     if recipe not in RECIPES:
         raise PlanRefused(f"--trial recommends {recipe!r}, which the planner does not plan; pass --precision bf16.")
-    peak_precision = precision_of(SimpleNamespace(precision=recipe, bf16=True, fp16=False))
+    peak_precision = ALL_RECIPES[recipe].spec_key
     peak = request.peak_tflops or spec_tflops(request.device, peak_precision)
     if peak is None:
         raise PlanRefused(
-            f"--device {request.device!r} has no dense {peak_precision} peak in telemetry/peaks.py "
-            f"(known: {sorted(SPEC_TFLOPS)}); pass --peak-tflops, or a recipe the chip runs (--precision bf16)."
+            f"--device {request.device!r} has no dense {peak_precision} peak in the chip table (chips.py) "
+            f"(known: {known_chips('peak')}); pass --peak-tflops, or a recipe the chip runs (--precision bf16)."
         )
-    peak_source = "--peak-tflops" if request.peak_tflops else f"dense {peak_precision} spec, telemetry/peaks.py"
+    peak_source = "--peak-tflops" if request.peak_tflops else f"dense {peak_precision} spec, chips.py"
     if request.device_memory_gb:
         memory, memory_source = int(request.device_memory_gb * GiB), "--device-memory-gb"
     else:
-        memory, memory_source = device_memory_bytes(request.device), "distributed/memory.py's table"
+        memory, memory_source = device_memory_bytes(request.device), "the chip table (chips.py)"
     if memory is None:
         raise PlanRefused(
-            f"--device {request.device!r}: its memory is not in distributed/memory.py's table; pass --device-memory-gb."
+            f"--device {request.device!r}: its memory is not in the chip table (chips.py); pass --device-memory-gb."
         )
     if request.mfu is not None:
         mfu, mfu_source = request.mfu, "--mfu (your assumption)"
@@ -127,7 +119,7 @@ def resolve_hardware(request) -> Hardware:
         mfu = trial_row["mfu_spec"]
         mfu_source = f"measured by hf-pretrain trial ({request.trial}, {recipe}; its model, one GPU)"
     else:
-        assumed = _lookup(MFU_ASSUMPTIONS, request.device)
+        assumed = match(request.device, MFU_ASSUMPTIONS)
         if assumed is None:
             raise PlanRefused(
                 f"--device {request.device!r}: no recorded MFU for this chip; measure one with `hf-pretrain trial` "

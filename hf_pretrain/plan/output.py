@@ -32,8 +32,8 @@ SOURCES = {
     "eta_opt = 0.3118 C^-0.1250, C = non-embedding FLOPs per token x tokens",
     "repeated_data": "Muennighoff et al. 2023, arXiv 2305.16264: repeated data holds its value up to ~4 epochs",
     "memory": "hf_pretrain.distributed.memory.estimate_memory (docs/memory.md)",
-    "flops": "hf_pretrain.telemetry.flops.flops_per_token (6 x matmul weights + attention)",
-    "peak": "hf_pretrain.telemetry.peaks.SPEC_TFLOPS",
+    "flops": "hf_pretrain.modeling.accounting.flops_per_token (6 x matmul weights + attention)",
+    "peak": "hf_pretrain.chips.CHIPS",
 }
 SHAPE_FIELDS = (
     "num_hidden_layers",

@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..distributed.memory import GiB, MemoryEstimate, count_parameters, estimate_memory
+from ..distributed.memory import GiB, MemoryEstimate, estimate_memory
+from ..modeling.accounting import count_parameters, flops_per_token
 from ..modeling.configuration import PretrainConfig
-from ..telemetry.flops import flops_per_token
 from . import scaling
 from .hardware import RECIPES, Hardware, PlanRefused, resolve_hardware
 
@@ -174,12 +174,11 @@ class Plan:
 
 
 def _estimate(config, strategy: Strategy, hw: Hardware, seq_len: int, micro: int, checkpointing: bool):
-    precision = "bf16" if hw.precision == "bf16" else "fp8"
     return estimate_memory(
         config,
         strategy.zero,
         hw.world,
-        precision,
+        hw.precision,
         seq_len,
         micro,
         checkpointing=checkpointing,

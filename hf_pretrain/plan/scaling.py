@@ -38,9 +38,8 @@ from __future__ import annotations
 
 import math
 
-from ..distributed.memory import count_parameters
+from ..modeling.accounting import count_parameters, flops_per_token
 from ..modeling.configuration import PretrainConfig
-from ..telemetry.flops import flops_per_token
 
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
 MAX_USEFUL_EPOCHS = 4.0

@@ -13,12 +13,6 @@ Why torchao for `fp8`: it is PyTorch's own float8 training (the path nanochat an
 use); the field notes measured it 20 % faster and 30 % lighter than TE FP8 on one machine pair,
 which is why `hf-pretrain trial` runs both before a long run commits to one.
 
-Linear selection (both libraries): a `nn.Linear` is converted only when both dimensions are
-divisible by 16 and at least `min_features`, it is not the LM head, and (optionally,
-`keep_first_last_blocks`) not in the first or last decoder block. Every linear gets a
-`LinearDecision` with the reason; an unsupported one is skipped and the conversion continues
-(accelerate's TE conversion stops at the first one instead).
-
 Native or emulated (`emulated(recipe, device)`): fp8 has native kernels only on fp8 tensor cores
 (CUDA compute capability >= 8.9); anywhere else torchao casts to fp8 and back and runs the matmul
 in a wider type, which gets fp8's numerics at more than bf16's cost. `apply_precision` says so at
@@ -26,118 +20,119 @@ run time (a warning, and `PrecisionReport.emulated`), and the trial marks such r
 recommends them over a native recipe. bf16 is emulated on a CPU without bf16 instructions
 (oneDNN's check) and on a GPU before compute capability 8.0.
 
-MoE experts: the experts of an MoE layer are 3D parameters (E x out x in) multiplied in the MoE
-module's own forward, not `nn.Linear` modules, so no recipe converts them; the report counts them
-as kept in high precision (with their share of the parameters), rather than reporting "16 of 17
-linears converted" for a model whose weights are mostly experts.
-
-Evaluation, generation and saving run without the low-precision path: `high_precision(model)`
-swaps every converted linear back to a plain `nn.Linear` sharing the same weight tensors (exact,
-no copy) and restores them on exit; `remove_precision` does it for good. torchao keeps its master
-weights in high precision, so a saved checkpoint is plain weights that load without torchao or TE.
+The conversion itself (which linears, the torchao / Transformer Engine swaps, and back for evaluation
+and saving) is `convert.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers.utils import logging
 
 from ..telemetry.peaks import fp8_matmul_native
+from .convert import PrecisionReport, convert_torchao, convert_transformer_engine, expert_groups, select_linears
 
 logger = logging.get_logger(__name__)
 
-RECIPES = ("fp32", "bf16", "fp8", "te-fp8", "te-mxfp8", "te-nvfp4")
-LOW_PRECISION = ("fp8", "te-fp8", "te-mxfp8", "te-nvfp4")
+
+@dataclass(frozen=True)
+class Library:
+    """A package a recipe converts linears with."""
+
+    module: str  # what is imported
+    label: str
+    install: str  # the hint a missing package's message gives
+    cuda_only: bool = False
+
+
+TORCHAO = Library("torchao", "torchao", "pip install torchao")
+TRANSFORMER_ENGINE = Library(
+    "transformer_engine", "Transformer Engine", "pip install transformer-engine[pytorch], needs CUDA", cuda_only=True
+)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What every part of hf_pretrain needs to know about a precision recipe, read as fields (never by name).
+
+    - `autocast`: the dtype the Trainer autocasts to (`"bf16"`; None: fp32). `autocast_on_cpu=False`: on a
+      machine without an accelerator the recipe runs around fp32 instead (fp8 is emulated there).
+    - `spec_key`: the chip-table precision column its matmuls run in (`chips.py`), MFU's denominator.
+    - `bytes_per_parameter`: (weights, gradients, Adam states, activation element) in the memory estimator
+      (`distributed/memory.py`); low-precision recipes keep 16-bit weights and cast per matmul.
+    - requirements: `library` (None: nothing to convert), the CUDA compute capability its kernels need
+      (`min_capability`).
+    """
+
+    name: str
+    autocast: str | None
+    spec_key: str
+    bytes_per_parameter: tuple[int, int, int, int]
+    library: Library | None = None
+    min_capability: tuple[int, int] | None = None
+    autocast_on_cpu: bool = True
+
+    @property
+    def needs(self) -> str:
+        """The GPU its kernels need, in words (`min_capability` set)."""
+        major, minor = self.min_capability
+        gpu = f"compute capability >= {major}.{minor}"
+        return f"{self.name} needs " + (f"a Blackwell GPU ({gpu})" if self.min_capability >= BLACKWELL else gpu)
+
+    @property
+    def converts_linears(self) -> bool:
+        """Whether `apply_precision` swaps the model's linears (a low-precision recipe)."""
+        return self.library is not None
+
+
+MIXED = (2, 2, 12, 2)  # 16-bit weights and gradients, fp32 master weights + Adam m, v, 16-bit activations
+LOW = dict(autocast="bf16", bytes_per_parameter=MIXED, autocast_on_cpu=False)  # low-precision linears in bf16
+ADA, BLACKWELL = (8, 9), (10, 0)  # fp8 tensor cores; MX / NV block-scaled formats
+_RECIPES = (
+    Recipe("fp32", autocast=None, spec_key="fp32", bytes_per_parameter=(4, 4, 8, 4)),
+    Recipe("bf16", autocast="bf16", spec_key="bf16", bytes_per_parameter=MIXED),
+    Recipe("fp8", spec_key="fp8", library=TORCHAO, min_capability=ADA, **LOW),
+    Recipe("te-fp8", spec_key="fp8", library=TRANSFORMER_ENGINE, min_capability=ADA, **LOW),
+    Recipe("te-mxfp8", spec_key="fp8", library=TRANSFORMER_ENGINE, min_capability=BLACKWELL, **LOW),
+    Recipe("te-nvfp4", spec_key="fp4", library=TRANSFORMER_ENGINE, min_capability=BLACKWELL, **LOW),
+)
+RECIPES: dict[str, Recipe] = {r.name: r for r in _RECIPES}
+LOW_PRECISION = tuple(name for name, r in RECIPES.items() if r.converts_linears)
+# transformers' own `fp16=True`: not a recipe of `precision=`, but priced by the memory estimator.
+FP16 = Recipe("fp16", "fp16", "fp16", MIXED)
+
+
+def get_recipe(name: str, field: str = "precision") -> Recipe:
+    """The recipe called `name`; a ValueError naming `field` and the recipes when there is none."""
+    if name not in RECIPES:
+        raise ValueError(f"{field}={name!r} is unknown; use one of {list(RECIPES)}.")
+    return RECIPES[name]
 
 
 class RecipeUnavailableError(RuntimeError):
     """The recipe cannot run on this machine; the message names what is missing and what is available."""
 
 
-@dataclass
-class LinearDecision:
-    name: str
-    shape: tuple[int, int]  # (out_features, in_features)
-    converted: bool
-    reason: str
-
-
-@dataclass
-class ExpertGroup:
-    """The experts of one MoE layer: 3D weights (E x out x in) no recipe converts."""
-
-    name: str
-    num_experts: int
-    parameters: int
-
-
-@dataclass
-class PrecisionReport:
-    recipe: str
-    options: dict
-    linears: list[LinearDecision] = field(default_factory=list)
-    experts: list[ExpertGroup] = field(default_factory=list)  # kept in high precision
-    emulated: str | None = None  # why the recipe runs emulated on this device, None when native
-    converted_parameters: int = 0
-    total_parameters: int = 0
-
-    @property
-    def converted(self) -> list[LinearDecision]:
-        return [d for d in self.linears if d.converted]
-
-    def summary(self) -> str:
-        skipped = [d for d in self.linears if not d.converted]
-        reasons = sorted({d.reason for d in skipped})
-        text = f"precision {self.recipe}: {len(self.converted)} of {len(self.linears)} linears converted" + (
-            f"; kept in high precision: {len(skipped)} ({'; '.join(reasons)})" if skipped else ""
-        )
-        if self.experts:
-            counts = sorted({g.num_experts for g in self.experts})
-            kept = sum(g.parameters for g in self.experts)
-            text += (
-                f"; MoE experts kept in high precision: {len(self.experts)} layers x "
-                f"{'/'.join(map(str, counts))} experts ({self._share(kept)} of the parameters: 3D expert weights, "
-                "not nn.Linear)"
-            )
-        if self.total_parameters and self.linears:
-            text += f"; {self._share(self.converted_parameters)} of the parameters run in {self.recipe}"
-        if self.emulated:
-            text += f"; EMULATED here: {self.emulated}"
-        return text
-
-    def _share(self, parameters: int) -> str:
-        return f"{parameters / self.total_parameters:.0%}" if self.total_parameters else "?"
-
-
 def why_unavailable(recipe: str, device: torch.device | str) -> str | None:
     """What this machine lacks for `recipe`, or None when it can run."""
-    if recipe not in RECIPES:
-        raise ValueError(f"precision={recipe!r} is unknown; use one of {list(RECIPES)}.")
+    spec = get_recipe(recipe)
     device = torch.device(device)
     capability = (
         torch.cuda.get_device_capability(device) if device.type == "cuda" and torch.cuda.is_available() else None
     )
-    if recipe == "fp8":
-        if importlib.util.find_spec("torchao") is None:
-            return "package torchao is not installed (pip install torchao)"
-        if capability is not None and capability < (8, 9):
-            return f"FP8 needs compute capability >= 8.9 (this GPU is {capability[0]}.{capability[1]})"
-    if recipe.startswith("te-"):
-        if importlib.util.find_spec("transformer_engine") is None:
-            return "package transformer_engine is not installed (pip install transformer-engine[pytorch], needs CUDA)"
-        if capability is None:
-            return "Transformer Engine needs a CUDA GPU"
-        needed = (10, 0) if recipe in ("te-mxfp8", "te-nvfp4") else (8, 9)
-        if capability < needed:
-            label = "a Blackwell GPU (compute capability >= 10.0)" if needed == (10, 0) else "compute capability >= 8.9"
-            return f"{recipe} needs {label} (this GPU is {capability[0]}.{capability[1]})"
-    if recipe == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    library = spec.library
+    if library is not None:
+        if importlib.util.find_spec(library.module) is None:
+            return f"package {library.module} is not installed ({library.install})"
+        if library.cuda_only and capability is None:
+            return f"{library.label} needs a CUDA GPU"
+    if spec.min_capability and capability is not None and capability < spec.min_capability:
+        return f"{spec.needs} (this GPU is {capability[0]}.{capability[1]})"
+    if spec.autocast == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return "this GPU has no bf16 support"
     return None
 
@@ -145,10 +140,11 @@ def why_unavailable(recipe: str, device: torch.device | str) -> str | None:
 def emulated(recipe: str, device: torch.device | str) -> str | None:
     """Why `recipe` has no native kernels on `device` (it runs emulated: its numerics, not its speed), or None."""
     device = torch.device(device)
-    if recipe == "fp8" and not fp8_matmul_native(device):
+    spec_key = get_recipe(recipe).spec_key
+    if spec_key == "fp8" and not fp8_matmul_native(device):
         where = "a CPU" if device.type != "cuda" else "this GPU (compute capability < 8.9)"
         return f"{where} has no fp8 tensor cores: torchao casts to fp8 and back and multiplies in a wider type"
-    if recipe == "bf16":
+    if spec_key == "bf16":
         if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
             return "this CPU has no bf16 instructions (avx512_bf16 / AMX): bf16 matmuls are emulated"
         if device.type == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported(False):
@@ -169,56 +165,6 @@ def check_recipe(recipe: str, device: torch.device | str) -> None:
         )
 
 
-def _block_index(name: str) -> int | None:
-    match = re.search(r"layers\.(\d+)\.", name)
-    return int(match.group(1)) if match else None
-
-
-def select_linears(
-    model: nn.Module, min_features: int = 64, keep_first_last_blocks: bool = False, divisible_by: int = 16
-) -> list[LinearDecision]:
-    """A decision for every `nn.Linear` of the model: convert, or keep and why."""
-    blocks = [i for n, _ in model.named_modules() if (i := _block_index(n + ".")) is not None]
-    last = max(blocks) if blocks else None
-    decisions = []
-    for name, module in model.named_modules():
-        if type(module) is not nn.Linear:
-            continue
-        out_f, in_f = module.out_features, module.in_features
-        block = _block_index(name + ".")
-        if name.endswith("lm_head"):
-            reason = "LM head kept in high precision"
-        elif out_f % divisible_by or in_f % divisible_by:
-            reason = f"dims not divisible by {divisible_by}"
-        elif min(out_f, in_f) < min_features:
-            reason = f"smaller than min_features={min_features}"
-        elif keep_first_last_blocks and block in (0, last):
-            reason = "first/last block kept in high precision"
-        else:
-            reason = ""
-        decisions.append(LinearDecision(name, (out_f, in_f), not reason, reason or "converted"))
-    return decisions
-
-
-def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
-
-
-def _has_bias(module: nn.Module) -> bool:
-    # TE's Linear(bias=False) keeps an empty tensor as `bias`, not None
-    return isinstance(module.bias, nn.Parameter) and module.bias.numel() > 0
-
-
-def _plain_linear(module: nn.Module) -> nn.Linear:
-    """A plain nn.Linear sharing `module`'s weight and bias tensors (no copy)."""
-    bias = _has_bias(module)
-    plain = nn.Linear(module.in_features, module.out_features, bias=bias, device="meta")
-    plain.weight = module.weight
-    plain.bias = module.bias if bias else None
-    return plain
-
-
 def apply_precision(
     model: nn.Module,
     recipe: str,
@@ -237,7 +183,8 @@ def apply_precision(
         recipe, {"scaling": scaling, "min_features": min_features, "keep_first_last_blocks": keep_first_last_blocks}
     )
     report.emulated = emulated(recipe, device)
-    if recipe not in LOW_PRECISION:
+    library = RECIPES[recipe].library
+    if library is None:
         return report
     report.linears = select_linears(model, min_features, keep_first_last_blocks)
     report.experts = expert_groups(model)
@@ -249,113 +196,9 @@ def apply_precision(
             f"precision={recipe!r} runs EMULATED on {device}: {report.emulated}. Its numerics are fp8's, its speed "
             "is not: slower than fp32/bf16 here. Time recipes on the GPU they will run on."
         )
-    if recipe == "fp8":
-        _apply_torchao(model, chosen, scaling or "tensorwise")
+    if library is TORCHAO:
+        convert_torchao(model, chosen, scaling or "tensorwise")
     else:
-        _apply_transformer_engine(model, chosen, recipe, scaling or "current")
+        convert_transformer_engine(model, chosen, recipe, scaling or "current")
     model.precision_report = report
     return report
-
-
-def expert_groups(model: nn.Module) -> list[ExpertGroup]:
-    """Modules holding 3D expert weights (hf_pretrain's and transformers' MoE layout: E x out x in)."""
-    groups = []
-    for name, module in model.named_modules():
-        weights = [p for p in module.parameters(recurse=False) if p.dim() == 3]
-        if weights:
-            groups.append(ExpertGroup(name, weights[0].shape[0], sum(p.numel() for p in weights)))
-    return groups
-
-
-def _apply_torchao(model: nn.Module, chosen: set[str], scaling: str) -> None:
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-    if scaling not in ("tensorwise", "rowwise"):
-        raise ValueError(f"scaling={scaling!r} is invalid for fp8; use 'tensorwise' or 'rowwise'.")
-    config = Float8LinearConfig.from_recipe_name(scaling)
-    convert_to_float8_training(model, config=config, module_filter_fn=lambda module, fqn: fqn in chosen)
-
-
-def _te_recipe(recipe: str, scaling: str):
-    from transformer_engine.common import recipe as te_recipe
-
-    if recipe == "te-mxfp8":
-        return te_recipe.MXFP8BlockScaling()
-    if recipe == "te-nvfp4":
-        return te_recipe.NVFP4BlockScaling()
-    if scaling not in ("delayed", "current"):
-        raise ValueError(f"scaling={scaling!r} is invalid for te-fp8; use 'delayed' or 'current'.")
-    return te_recipe.DelayedScaling() if scaling == "delayed" else te_recipe.Float8CurrentScaling()
-
-
-def _te_autocast(te, fp8_recipe):
-    """TE's autocast context: `te.autocast(recipe=)` in current releases, `te.fp8_autocast(fp8_recipe=)` before."""
-    if hasattr(te, "autocast"):
-        return te.autocast(enabled=True, recipe=fp8_recipe)
-    return te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe)
-
-
-def _apply_transformer_engine(model: nn.Module, chosen: set[str], recipe: str, scaling: str) -> None:
-    import transformer_engine.pytorch as te
-
-    fp8_recipe = _te_recipe(recipe, scaling)  # first: a bad option must not leave a half-converted model
-    for name in chosen:
-        old = model.get_submodule(name)
-        new = te.Linear(
-            old.in_features,
-            old.out_features,
-            bias=old.bias is not None,
-            params_dtype=old.weight.dtype,
-            device=old.weight.device,
-        )
-        new.weight = old.weight  # the same Parameter: the optimizer and the checkpoint keep seeing one tensor
-        if old.bias is not None:
-            new.bias = old.bias
-        _swap(model, name, new)
-    # Hooks, not a replaced `forward`: the signature stays (the Trainer reads it), and copies keep working.
-    contexts = []
-
-    def enter(module, args):
-        contexts.append(_te_autocast(te, fp8_recipe))
-        contexts[-1].__enter__()
-
-    def leave(module, args, output):
-        contexts.pop().__exit__(None, None, None)
-
-    model._te_hooks = (model.register_forward_pre_hook(enter), model.register_forward_hook(leave, always_call=True))
-
-
-def _converted_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Module) and _is_low_precision_linear(m)]
-
-
-def _is_low_precision_linear(module: nn.Module) -> bool:
-    kind = type(module)
-    return kind.__name__ == "Float8Linear" or (
-        kind.__module__.startswith("transformer_engine") and kind.__name__ == "Linear"
-    )
-
-
-def remove_precision(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Swap every converted linear back to a plain `nn.Linear` (same tensors); returns what was removed."""
-    removed = _converted_modules(model)
-    for name, module in removed:
-        _swap(model, name, _plain_linear(module))
-    for handle in getattr(model, "_te_hooks", ()):
-        handle.remove()
-    model._te_hooks = ()
-    return removed
-
-
-@contextlib.contextmanager
-def high_precision(model: nn.Module):
-    """Run evaluation / generation / saving without the low-precision path; restores it on exit."""
-    removed = _converted_modules(model)
-    plain = {name: _plain_linear(module) for name, module in removed}
-    for name, module in plain.items():
-        _swap(model, name, module)
-    try:
-        yield model
-    finally:
-        for name, module in removed:
-            _swap(model, name, module)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
+from ..modeling.accounting import attention_flops_per_token, flops_per_token, mean_keys_per_query
 from ..modeling.attention import Choice, Environment, LayerNeed, best_backend, layer_needs, plan_attention
-from ..telemetry.flops import attention_flops_per_token, flops_per_token, mean_keys_per_query
 
 POLICIES = ("warn", "error", "ignore")
 INSTALL_HINTS = {
@@ -113,10 +113,15 @@ def _needs_text(need: LayerNeed, seq_len: int) -> str:
     return ", ".join(parts + (["packed docs"] if need.packed else []))
 
 
-def attention_preflight(config, seq_len: int, env: Environment, packed: bool) -> AttentionReport:
-    """The kernel of every layer type on `env`, against the best this hardware could run."""
+def attention_preflight(
+    config, seq_len: int, env: Environment, packed: bool, plan: dict[str, Choice] | None = None
+) -> AttentionReport:
+    """The kernel of every layer type on `env`, against the best this hardware could run.
+
+    `plan`: the kernels that will run (`plan_attention(config, env, packed)`, which the trainer computes once
+    and pins on the model); planned here when not given (`hf-pretrain doctor`)."""
     needs = layer_needs(config, packed)
-    plan = plan_attention(config, env, packed)
+    plan = plan or plan_attention(config, env, packed)
     best = {t: best_backend(need, env) for t, need in needs.items()}
     chosen_keys = [keys_per_query(plan[t].efficient, needs[t], seq_len) for t in config.layer_types]
     best_keys = [keys_per_query(best[t].efficient, needs[t], seq_len) for t in config.layer_types]

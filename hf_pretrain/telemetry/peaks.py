@@ -1,9 +1,8 @@
 """Peak FLOPs of a chip: the vendor's spec sheet, and a ceiling measured on the chip itself.
 
-MFU needs a denominator. The spec table below holds dense (not 2:4-sparse) tensor-core peaks in
-TFLOP/s per GPU, keyed by a substring of `torch.cuda.get_device_name()` and by precision
-(`bf16`, `fp8`, `fp4`); where a sheet only quotes sparse figures they are halved. A chip missing
-from the table gets no spec MFU at all (reported as unavailable, with one message asking for
+MFU needs a denominator. The spec peaks are dense tensor-core TFLOP/s per GPU by precision column
+(`bf16`, `fp8`, `fp4`), read from the one chip table, `hf_pretrain/chips.py` (`spec_tflops`). A chip
+missing from the table gets no spec MFU at all (reported as unavailable, with one message asking for
 `peak_tflops`), never a made-up 0.00. The measured ceiling is what a large matmul in the run's
 GEMM precision reaches on this very device at start-up: a spec can be unreachable (power-capped
 boxes, consumer cards), and MFU against the measured ceiling says how much of the *reachable*
@@ -20,43 +19,10 @@ plain matmul in PyTorch (its GEMMs need block scales): no measured ceiling eithe
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 
 import torch
-
-# name substring (lower case, most specific first) -> {precision: dense TFLOP/s}
-SPEC_TFLOPS: dict[str, dict[str, float]] = {
-    "gb200": {"bf16": 2500.0, "fp8": 5000.0, "fp4": 10000.0},
-    "b200": {"bf16": 2250.0, "fp8": 4500.0, "fp4": 9000.0},
-    "gb10": {"bf16": 125.0, "fp8": 250.0, "fp4": 500.0},  # DGX Spark; ~125 dense bf16 (field notes)
-    "dgx spark": {"bf16": 125.0, "fp8": 250.0, "fp4": 500.0},
-    "h200 nvl": {"bf16": 835.5, "fp8": 1671.0},
-    "h200": {"bf16": 989.4, "fp8": 1978.9},
-    "h100 nvl": {"bf16": 835.5, "fp8": 1671.0},
-    "h100 pcie": {"bf16": 756.5, "fp8": 1513.0},
-    "h100": {"bf16": 989.4, "fp8": 1978.9},  # SXM
-    "h800 pcie": {"bf16": 756.5, "fp8": 1513.0},
-    "h800": {"bf16": 989.4, "fp8": 1978.9},
-    "a100": {"bf16": 312.0},
-    "a800": {"bf16": 312.0},
-    "l40s": {"bf16": 362.1, "fp8": 733.0},
-    "l40": {"bf16": 181.0, "fp8": 362.0},
-    "l4": {"bf16": 121.0, "fp8": 242.5},
-    "rtx 5090": {"bf16": 209.5, "fp8": 419.0, "fp4": 838.0},
-    "rtx 4090": {"bf16": 165.2, "fp8": 330.3},
-    "mi300x": {"bf16": 1307.4, "fp8": 2614.9},
-}
-
-
-def spec_tflops(device_name: str, precision: str) -> float | None:
-    """Dense spec peak for a device name and precision, or None when the chip or precision is unknown."""
-    name = device_name.lower()
-    for key, peaks in SPEC_TFLOPS.items():
-        if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", name):  # "l4" is not "l40s"
-            return peaks.get(precision)
-    return None
 
 
 def fp8_matmul_native(device: torch.device | str) -> bool:

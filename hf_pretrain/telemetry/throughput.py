@@ -10,7 +10,7 @@ the console, `report_to` and the JSONL stream alike):
 - `tokens_per_second`: real tokens of all ranks per second over that interval
 - `tokens_per_second_per_rank`: the same divided by the world size
 - `model_tflops_per_second_per_rank`: `flops_per_token` x tokens/s per rank
-- `mfu_spec`: against the chip's spec peak for the run's GEMM precision (`telemetry/peaks.py`);
+- `mfu_spec`: against the chip's spec peak for the run's GEMM precision (`chips.py`);
   left out, with one message asking for `peak_tflops`, when the chip or precision is unknown
 - `mfu_measured`: against a large-matmul ceiling measured on this device at start-up in the same
   GEMM precision (fp8 recipes: fp8 `torch._scaled_mm`); left out, with one message, where the
@@ -24,7 +24,7 @@ needs no `include_num_input_tokens_seen`); when the batches carry no tokens (no 
 no throughput and no MFU: they are left out rather than logged as 0. Without a sequence length (rows
 without `input_ids`, a config without `max_position_embeddings`) there are no FLOPs, so no MFU.
 
-One basis for both MFUs: numerator = model FLOPs (`telemetry/flops.py`: 6 x matmul parameters +
+One basis for both MFUs: numerator = model FLOPs (`modeling/accounting.py`: 6 x matmul parameters +
 attention over the keys each query really sees, windows honoured per layer; recomputation under
 activation checkpointing is not counted) x tokens per second per rank; denominator = one device's
 dense peak in the run's GEMM precision (`precision_of`: the recipe's for fp8/fp4 recipes, else the
@@ -44,20 +44,20 @@ from transformers import TrainerState
 from transformers.utils import logging
 
 from ..callback import PretrainCallback
-from .flops import flops_per_token
-from .peaks import ceiling_dtype, device_name, matmul_ceiling, spec_tflops
+from ..chips import spec_tflops
+from ..modeling.accounting import flops_per_token
+from ..precision.recipes import get_recipe
+from .peaks import ceiling_dtype, device_name, matmul_ceiling
 from .timing import DeviceClock, PendingIntervals
 
 logger = logging.get_logger(__name__)
 
 
 def precision_of(args) -> str:
-    """The spec-table precision of the run's matmuls: the recipe's for fp8/fp4 recipes, else the autocast dtype."""
+    """The chip-table precision column of the run's matmuls: the recipe's `spec_key`, else the autocast dtype."""
     recipe = getattr(args, "precision", None)
-    if recipe in ("fp8", "te-fp8", "te-mxfp8"):
-        return "fp8"
-    if recipe == "te-nvfp4":
-        return "fp4"
+    if recipe is not None:
+        return get_recipe(recipe).spec_key
     return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
 
 

@@ -218,16 +218,17 @@ class PretrainingArguments(TrainingArguments):
         if self.attn_fallback not in ("warn", "error", "ignore"):
             raise ValueError(f"attn_fallback={self.attn_fallback!r} is invalid; use 'warn', 'error' or 'ignore'.")
         if self.precision is not None:
-            from ..precision import RECIPES
+            from ..precision.recipes import RECIPES
 
-            if self.precision not in RECIPES:
+            recipe = RECIPES.get(self.precision)
+            if recipe is None:
                 raise ValueError(f"precision={self.precision!r} is invalid; use one of {list(RECIPES)}.")
-            if not self.pretrain_extras and self.precision not in ("fp32", "bf16"):
+            if not self.pretrain_extras and recipe.converts_linears:
                 raise ValueError(
                     f"precision={self.precision!r} is applied by PretrainTrainer's extras: keep pretrain_extras=True."
                 )
             # Autocast around the low-precision linears: bf16 on a GPU; on a CPU fp8 is emulated around fp32.
-            self.bf16 = self.precision == "bf16" or (self.precision != "fp32" and accelerator_available())
+            self.bf16 = recipe.autocast == "bf16" and (recipe.autocast_on_cpu or accelerator_available())
             self.fp16 = False
         defaults = RECIPE_DEFAULTS if self.pretrain_extras else TRANSFORMERS_DEFAULTS
         for name, value in defaults.items():

@@ -15,7 +15,7 @@ from ..callback import PretrainCallback
 from ..evaluation import GenerationProbeCallback
 from ..modeling.attention import Environment, plan_attention
 from ..precision import apply_precision
-from ..precision.recipes import LOW_PRECISION
+from ..precision.recipes import RECIPES
 from ..preflight.attention import AttentionReport, attention_preflight, enforce_attention_policy
 from ..telemetry.hardware import HardwareSensorsCallback
 from ..telemetry.jsonl import JsonlCallback
@@ -32,7 +32,8 @@ def _get(args, name, default):
 def precision_from_arguments(trainer):
     """Convert the model's linears for `args.precision` (before the optimizer exists) and print what was kept."""
     args = trainer.args
-    if _get(args, "precision", None) not in LOW_PRECISION:
+    recipe = RECIPES.get(_get(args, "precision", None))
+    if recipe is None or not recipe.converts_linears:
         return None
     report = apply_precision(
         trainer.model,
@@ -85,8 +86,9 @@ def attention_preflight_for(trainer) -> tuple[AttentionReport | None, dict]:
     dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else model.dtype
     env = Environment.detect(args.device, dtype, training=True)
     packed = packed_documents(trainer.data_collator)
-    report = attention_preflight(model.config, sequence_length(trainer), env, packed)
-    model.set_attention_plan(plan_attention(model.config, env, packed), pin=True)
+    plan = plan_attention(model.config, env, packed)  # the one plan of the run: reported, then pinned
+    report = attention_preflight(model.config, sequence_length(trainer), env, packed, plan)
+    model.set_attention_plan(plan, pin=True)
     policy = _get(args, "attn_fallback", "warn")
     main = trainer.is_world_process_zero()
     enforce_attention_policy(

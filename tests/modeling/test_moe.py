@@ -17,6 +17,7 @@ from transformers import (
 )
 
 from hf_pretrain import PretrainForCausalLM, PretrainTrainer, export_hf, get_preset
+from hf_pretrain.modeling.accounting import flops_per_token, matmul_parameters
 from hf_pretrain.modeling.configuration import moe_layer_indices
 from hf_pretrain.modeling.moe import (
     PretrainMoE,
@@ -25,7 +26,6 @@ from hf_pretrain.modeling.moe import (
     route,
     routing_statistics,
 )
-from hf_pretrain.telemetry.flops import flops_per_token, matmul_parameters
 from hf_pretrain.telemetry.moe import KEYS, MoECallback
 from tests.conftest import quick_args, small_config
 

@@ -209,7 +209,7 @@ def fake_transformer_engine(monkeypatch):
 def test_transformer_engine_path_keeps_the_signature_and_unswaps_bias_free_linears(monkeypatch):
     import inspect
 
-    from hf_pretrain.precision.recipes import _apply_transformer_engine
+    from hf_pretrain.precision.convert import convert_transformer_engine
 
     entered = fake_transformer_engine(monkeypatch)
     torch.manual_seed(0)
@@ -220,11 +220,11 @@ def test_transformer_engine_path_keeps_the_signature_and_unswaps_bias_free_linea
     signature = inspect.signature(model.forward)
     chosen = {d.name for d in select_linears(model) if d.converted}
     with pytest.raises(ValueError, match="scaling='rowwise' is invalid"):
-        _apply_transformer_engine(model, chosen, "te-fp8", "rowwise")
+        convert_transformer_engine(model, chosen, "te-fp8", "rowwise")
     assert not any(
         type(m).__name__ == "Linear" and type(m).__module__.startswith("transformer_engine") for m in model.modules()
     )
-    _apply_transformer_engine(model, chosen, "te-fp8", "current")
+    convert_transformer_engine(model, chosen, "te-fp8", "current")
     assert inspect.signature(model.forward) == signature  # the Trainer reads it to keep input_ids
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, before)  # ran inside the autocast hooks

@@ -137,3 +137,34 @@ def test_doctor_table_on_this_machine():
     table = report.table()
     assert "3 x window 32" in table and "1 x full" in table and "attention is" in table
     assert "dense mask does" in table  # the CPU caveat is stated, not hidden
+
+
+def test_the_trainer_plans_attention_once_reports_that_plan_and_the_model_runs_it(tmp_path, monkeypatch):
+    from hf_pretrain.modeling import attention, model
+    from hf_pretrain.preflight import attention as preflight
+    from hf_pretrain.training import wiring
+
+    plans = []
+
+    def counted(*args, **kwargs):
+        plans.append(attention.plan_attention(*args, **kwargs))
+        return plans[-1]
+
+    for module in (wiring, preflight, model):  # every place that could plan: the trainer, the preflight, the model
+        monkeypatch.setattr(module, "plan_attention", counted)
+    t = trainer(tmp_path, "auto", "warn")
+    t.train()
+    assert len(plans) == 1, "the attention plan was computed more than once in one run"
+    assert t.model.attention_plan is plans[0]  # pinned: the training forwards never re-planned
+    assert {r.layer_type: r.backend for r in t.attention_report.rows} == {k: c.backend for k, c in plans[0].items()}
+
+
+def test_building_a_model_writes_no_bookkeeping_into_its_config():
+    config = small_config()
+    before = dict(vars(config))
+    PretrainForCausalLM(config)
+    assert {k: v for k, v in vars(config).items() if k not in before and not k.startswith("_attn")} == {}
+    with pytest.raises(ValueError):  # an init that fails part-way ...
+        PretrainForCausalLM._from_config(small_config(), attn_implementation="no_such_kernel")
+    # ... leaves nothing behind: the next model's request is still the outermost one, and is recorded
+    assert PretrainForCausalLM._from_config(config, attn_implementation="eager").config.attention_backend == "eager"

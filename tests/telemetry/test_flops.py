@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from hf_pretrain import PretrainForCausalLM, get_preset
-from hf_pretrain.telemetry.flops import (
+from hf_pretrain.modeling.accounting import (
     attention_flops_per_token,
     flops_per_token,
     matmul_parameters,

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from hf_pretrain.telemetry.peaks import SPEC_TFLOPS, measure_matmul_tflops, spec_tflops
+from hf_pretrain.chips import CHIPS, spec_tflops
+from hf_pretrain.telemetry.peaks import measure_matmul_tflops
 
 
 @pytest.mark.parametrize(
@@ -32,7 +33,7 @@ def test_unknown_chip_or_precision_is_unavailable_not_zero():
     assert spec_tflops("Some Future Accelerator", "bf16") is None
     assert spec_tflops("NVIDIA A100-SXM4-80GB", "fp8") is None  # A100 has no FP8 tensor cores
     assert spec_tflops("x86_64", "fp32") is None
-    assert all(v > 0 for peaks in SPEC_TFLOPS.values() for v in peaks.values())
+    assert all(v > 0 for chip in CHIPS for v in chip.tflops.values())
 
 
 def test_field_notes_run_mfu_arithmetic():

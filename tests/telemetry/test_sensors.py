@@ -132,7 +132,7 @@ def test_a_missing_utilization_is_unknown_and_idle_explains_a_low_clock():
 
 
 def test_spec_names_do_not_match_inside_other_names():
-    from hf_pretrain.telemetry.peaks import spec_tflops
+    from hf_pretrain.chips import spec_tflops
 
     assert spec_tflops("NVIDIA L40", "bf16") == 181.0 and spec_tflops("NVIDIA L4", "bf16") == 121.0
     assert spec_tflops("NVIDIA GB200", "bf16") == 2500.0 and spec_tflops("NVIDIA B200", "bf16") == 2250.0
