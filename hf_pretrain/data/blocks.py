@@ -15,6 +15,10 @@ Counting reads that column after the map, so counts are right with worker proces
 counters would stay in the workers); for a streaming dataset they are complete once the data has
 been consumed (`stats` fills up as it is iterated).
 
+`run` is written once, here: `mark` -> `keep` -> `finish` (see `Block`). The reader (`ReadFiles`,
+whose input is a path) and `Pack` (whose rows are blocks of tokens) are blocks too: they replace
+`mark` (and `Pack` its counting, `keep`), not `run`.
+
 Written by hand on top of `datasets.map/filter`: datatrove has the same shape (blocks with
 counters) but its own document type and executors, not `datasets`, which the rest of this
 package (packing, the Trainer) reads.
