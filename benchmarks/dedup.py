@@ -33,7 +33,8 @@ import datasets
 import numpy as np
 from datasets import Dataset
 
-from hf_pretrain.data.dedup import MinHashDedup, format_s_curve, s_curve_table, union_find_roots
+from hf_pretrain.data.dedup import MinHashDedup
+from hf_pretrain.data.lsh import format_s_curve, s_curve_table, union_find_roots
 
 LEVELS = (1.0, 0.95, 0.9, 0.85, 0.7, 0.5)  # target Jaccard of planted copies to their source
 

@@ -1,10 +1,11 @@
 """Pretrain a Llama-style model from scratch: `accelerate launch examples/pretrain.py`.
 
 With no arguments it runs the embedded default on a CPU in minutes: a corpus of English text that
-ships with Python (held-out split by document), a byte-level BPE tokenizer trained on it, packing
-into 256-token blocks (cached), the `tiny` preset in fp32, evaluation on the held-out split against
-the corpus's unigram entropy, and greedy samples from fixed prompts. Every knob is a flag
-(`--help`); the same script trains a bigger preset in bf16 on a GPU:
+ships with Python through the data chain of `hf-pretrain data prepare` (`run_pipeline`: read,
+clean, dedup, held-out split by document, a byte-level BPE tokenizer trained on it, packing into
+256-token blocks; each step cached and reused), the `tiny` preset in fp32, evaluation on the
+held-out split against the corpus's unigram entropy, and greedy samples from fixed prompts. Every
+knob is a flag (`--help`); the same script trains a bigger preset in bf16 on a GPU:
 
     accelerate launch examples/pretrain.py --preset gpt2-124m --seq_len 1024 \\
         --dataset_path my_corpus/ --vocab_size 50304 --max_steps 20000
@@ -26,16 +27,11 @@ import torch
 from transformers import HfArgumentParser, PreTrainedTokenizerBase, set_seed
 
 from hf_pretrain import PretrainConfig, PretrainForCausalLM, PretrainingArguments, PretrainTrainer, get_preset
-from hf_pretrain.data import (
-    PackedDocumentCollator,
-    bytes_per_token,
-    load_or_train_tokenizer,
-    load_text_dataset,
-    pack_dataset,
-    write_embedded_corpus,
-)
+from hf_pretrain.data import PackedDocumentCollator, write_embedded_corpus
 from hf_pretrain.data.packing import check_seq_len
+from hf_pretrain.data.pipeline import Pipeline, PipelineConfig, load_packed, tokenizer_path
 from hf_pretrain.data.read import list_files
+from hf_pretrain.data.split import check_fraction
 from hf_pretrain.data.tokenizer import check_vocab_size
 from hf_pretrain.precision import high_precision
 from hf_pretrain.presets import PRESETS, load_config
@@ -106,12 +102,14 @@ class DataArguments:
     data_cache_dir: str | None = field(
         default=None, metadata={"help": "Where corpus, tokenizer and packed blocks are cached."}
     )
-    num_proc: int | None = field(default=None, metadata={"help": "Worker processes for tokenization."})
+    num_proc: int | None = field(default=None, metadata={"help": "Worker processes of every data step."})
     separate_documents: bool = field(
         default=True, metadata={"help": "Keep attention and positions within each packed document (False: GPT-style)."}
     )
     clean: bool = field(default=True, metadata={"help": "Clean and quality-filter documents (hf_pretrain.data.clean)."})
-    dedup: bool = field(default=True, metadata={"help": "Remove exact and near-duplicate training documents."})
+    dedup: bool = field(
+        default=True, metadata={"help": "Remove exact and near-duplicate documents (before the held-out split)."}
+    )
 
 
 def parse_args(argv: list[str] | None = None):
@@ -142,78 +140,64 @@ def unigram_entropy(blocks) -> float:
     return float(-(p * np.log(p)).sum())
 
 
+def pipeline_config(data_args: DataArguments, source: str, cache: Path, vocab_size: int) -> PipelineConfig:
+    """The data chain of this job: the flags as the sections of `hf-pretrain data prepare`."""
+    tokenizer = data_args.tokenizer_name_or_path
+    return PipelineConfig(
+        input=source,
+        output_dir=str(cache / "prepared"),
+        text_column=data_args.text_column,
+        num_proc=data_args.num_proc,
+        heldout_fraction=data_args.heldout_fraction,
+        clean={} if data_args.clean else None,
+        dedup={"verbose": False} if data_args.dedup else None,
+        tokenizer={"path": tokenizer} if tokenizer else {"vocab_size": data_args.vocab_size or vocab_size},
+        pack={"seq_len": data_args.seq_len, "mode": "concat"},
+    )
+
+
 def prepare_data(data_args: DataArguments, args: PretrainingArguments, vocab_size: int):
+    """Tokenizer, packed train blocks and packed held-out blocks (None when too few to fill one)."""
+    from transformers import AutoTokenizer
+
     cache = Path(data_args.data_cache_dir or Path(args.output_dir) / "data")
     with args.main_process_first(desc="corpus, tokenizer and packing"):
-        if data_args.dataset_path:
-            splits = load_text_dataset(data_args.dataset_path, data_args.text_column, data_args.heldout_fraction)
-        else:
-            corpus = write_embedded_corpus(cache / "corpus", data_args.heldout_fraction)
-            splits = load_text_dataset(cache / "corpus")
-        splits, steps = clean_and_dedup(splits, data_args)
-        if data_args.tokenizer_name_or_path:
-            from transformers import AutoTokenizer
-
-            tokenizer, trained = AutoTokenizer.from_pretrained(data_args.tokenizer_name_or_path), False
-        else:
-            texts = splits["train"][data_args.text_column]
-            tokenizer, trained = load_or_train_tokenizer(cache / "tokenizer", texts, data_args.vocab_size or vocab_size)
-        pack = dict(
-            tokenizer=tokenizer,
-            seq_len=data_args.seq_len,
-            cache_dir=cache,
-            text_column=data_args.text_column,
-            num_proc=data_args.num_proc,
-        )
-        train, train_stats = pack_dataset(splits["train"], **pack)
-        heldout, heldout_stats = pack_heldout(splits["heldout"], pack)
+        source = data_args.dataset_path
+        if not source:
+            source = str(write_embedded_corpus(cache / "corpus", data_args.heldout_fraction)["train"].parent)
+        pipeline = Pipeline(pipeline_config(data_args, source, cache, vocab_size), verbose=False)
+        pipeline.run()
+        packed = load_packed(pipeline.out)
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path(pipeline.out)))
     if args.process_index == 0:
-        source = data_args.dataset_path or f"embedded corpus ({corpus['train'].parent})"
-        print(f"[data] {source}: {train_stats.documents_in} train / {len(splits['heldout'])} held-out documents")
-        for stats in steps:
-            print(f"[data] {stats.summary()}")
-        sample_split = "heldout" if len(splits["heldout"]) else "train"
-        sample = splits[sample_split][data_args.text_column][:200]
+        report_data(pipeline, data_args.dataset_path or f"embedded corpus ({source})", len(tokenizer))
+    return tokenizer, packed["train"], packed.get("heldout")
+
+
+def report_data(pipeline: Pipeline, source: str, vocab: int) -> None:
+    """The chain's counters, one line a step: documents, drops, the tokenizer, the blocks."""
+    stats = {s.block: s for s in pipeline.stats}
+    split = stats["split"].extra
+    print(f"[data] {source}: {split['train']} train / {split['heldout']} held-out documents")
+    for s in pipeline.stats:
+        if s.block not in ("split", "tokenizer") and not s.block.startswith("pack"):
+            print(f"[data] {s.summary()}")
+    tok = stats["tokenizer"].extra
+    trained = "tokenizer" not in pipeline.reused and "reused" not in tok
+    measured = f"{tok['bytes_per_token']:.2f} bytes/token" if tok.get("bytes_per_token") else "no text to measure"
+    print(
+        f"[tokenizer] {'trained' if trained else 'loaded'} byte-level BPE, {vocab} tokens; "
+        f"{measured} on {tok.get('bytes_per_token_on')} text"
+    )
+    for name, block in (("train", "pack train"), ("held-out", "pack heldout")):
+        c = stats[block].extra if block in stats else {"skipped": "no held-out document"}
+        if "skipped" in c:
+            print(f"[pack] {name}: evaluation skipped: {c['skipped']}")
+            continue
         print(
-            f"[tokenizer] {'trained' if trained else 'loaded'} byte-level BPE, {len(tokenizer)} tokens; "
-            f"{bytes_per_token(tokenizer, sample):.2f} bytes/token on {sample_split} text"
+            f"[pack] {name}: {c['tokens']:,} tokens -> {c['blocks']:,} blocks of {c['seq_len']} "
+            f"({c['tail_tokens_dropped']:,} tail tokens dropped){' [reused cache]' if 'pack' in pipeline.reused else ''}"
         )
-        for name, stats in (("train", train_stats), ("held-out", heldout_stats)):
-            if stats:
-                c = stats.extra
-                print(
-                    f"[pack] {name}: {c['tokens']:,} tokens -> {c['blocks']:,} blocks of {c['seq_len']} "
-                    f"({c['tail_tokens_dropped']:,} tail tokens dropped){' [reused cache]' if c['reused_cache'] else ''}"
-                )
-    return tokenizer, train, heldout
-
-
-def clean_and_dedup(splits, data_args: DataArguments):
-    """The chain's document blocks on the splits: clean both, dedup the training documents."""
-    from hf_pretrain.data.clean import Clean
-    from hf_pretrain.data.dedup import ExactDedup, MinHashDedup
-
-    steps = []
-    if data_args.clean:
-        for name in ("train", "heldout"):
-            block = Clean(text_column=data_args.text_column)
-            splits[name] = block.run(splits[name], num_proc=data_args.num_proc)
-            block.stats.block = f"clean {name}"
-            steps.append(block.stats)
-    if data_args.dedup:
-        for block in (ExactDedup(data_args.text_column), MinHashDedup(data_args.text_column, verbose=False)):
-            splits["train"] = block.run(splits["train"], num_proc=data_args.num_proc)
-            steps.append(block.stats)
-    return splits, steps
-
-
-def pack_heldout(heldout, pack: dict):
-    """Packed held-out blocks, or (None, None) with a message when the split cannot fill one block."""
-    try:
-        return pack_dataset(heldout, **pack)
-    except ValueError as err:
-        print(f"[pack] held-out: evaluation skipped: {err}")
-        return None, None
 
 
 def base_config(name: str, **overrides) -> PretrainConfig:
@@ -261,8 +245,7 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments) -> Non
     check_seq_len(data_args.seq_len)
     if data_args.vocab_size is not None and not data_args.tokenizer_name_or_path:
         check_vocab_size(data_args.vocab_size)
-    if not 0 <= data_args.heldout_fraction < 1:
-        raise ValueError(f"--heldout_fraction={data_args.heldout_fraction}: use a fraction in [0, 1), e.g. 0.05.")
+    check_fraction(data_args.heldout_fraction, "--heldout_fraction")
     if data_args.num_proc is not None and data_args.num_proc < 1:
         raise ValueError(f"--num_proc={data_args.num_proc}: use a number of worker processes >= 1.")
     if data_args.dataset_path:

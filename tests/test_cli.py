@@ -26,6 +26,17 @@ def test_command_help_has_no_import_noise(command):
     assert result.stdout.startswith(f"usage: hf-pretrain {command}")
 
 
+def test_data_help_lists_the_commands_and_exits_0():
+    result = run("data", "--help")  # it printed the usage and exited 2
+    assert result.returncode == 0 and result.stderr == "", result.stderr[:500]
+    assert result.stdout.startswith("usage: hf-pretrain data {clean,")
+    assert "hf-pretrain data prepare pipeline.json" in result.stdout
+    result = run("data", "pack", "--help")
+    assert result.returncode == 0 and result.stdout.startswith("usage: hf-pretrain data pack")
+    result = run("data")
+    assert result.returncode == 2 and result.stderr.startswith("usage: hf-pretrain data {clean,")
+
+
 def test_unknown_command_is_an_error_with_the_usage():
     result = run("trian")
     assert result.returncode == 2 and result.stderr.startswith("usage: hf-pretrain")

@@ -113,15 +113,23 @@ def test_dtype_flag_sets_mixed_precision(tmp_path):
 
 
 def test_a_heldout_split_too_small_for_one_block_skips_evaluation(tmp_path, capsys):
-    from datasets import Dataset
+    """The data's own `validation` split is the held-out one; one short document fills no block: no evaluation."""
+    from datasets import Dataset, DatasetDict
 
-    from hf_pretrain.data import train_bpe_tokenizer
+    from hf_pretrain.data import embedded_documents
 
+    train = Dataset.from_dict({"text": embedded_documents()[:80]})
+    DatasetDict(train=train, validation=Dataset.from_dict({"text": ["a short held-out text"]})).save_to_disk(
+        str(tmp_path / "saved")
+    )
     example = example_module()
-    tokenizer = train_bpe_tokenizer(["some text to learn from " * 50], 300)
-    pack = dict(tokenizer=tokenizer, seq_len=256, cache_dir=tmp_path, text_column="text", num_proc=None)
-    assert example.pack_heldout(Dataset.from_dict({"text": ["short"]}), pack) == (None, None)
-    assert "evaluation skipped" in capsys.readouterr().out
+    flags = ["--output_dir", str(tmp_path / "run"), "--dataset_path", str(tmp_path / "saved"), "--clean", "False"]
+    _, data_args, args = example.parse_args([*flags, "--seq_len", "64", "--vocab_size", "300"])
+    tokenizer, packed, heldout = example.prepare_data(data_args, args, 300)
+    out = capsys.readouterr().out
+    assert heldout is None and len(packed) > 0 and len(tokenizer) <= 300
+    assert "[data] " + str(tmp_path / "saved") + ": " in out and " / 1 held-out documents" in out
+    assert "[pack] held-out: evaluation skipped: No 64-token block could be packed from 1 documents" in out
 
 
 def test_help_lists_every_flag_without_crashing(capsys):

@@ -15,6 +15,10 @@ Counting reads that column after the map, so counts are right with worker proces
 counters would stay in the workers); for a streaming dataset they are complete once the data has
 been consumed (`stats` fills up as it is iterated).
 
+`run` is written once, here: `mark` -> `keep` -> `finish` (see `Block`). The reader (`ReadFiles`,
+whose input is a path) and `Pack` (whose rows are blocks of tokens) are blocks too: they replace
+`mark` (and `Pack` its counting, `keep`), not `run`.
+
 Written by hand on top of `datasets.map/filter`: datatrove has the same shape (blocks with
 counters) but its own document type and executors, not `datasets`, which the rest of this
 package (packing, the Trainer) reads.
@@ -24,7 +28,6 @@ from __future__ import annotations
 
 import json
 import time
-from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -134,8 +137,22 @@ def count_and_keep_streaming(marked: IterableDataset, stats: BlockStats, start: 
     return marked.filter(count).remove_columns(HELPER_COLUMNS)
 
 
-class Block(ABC):
-    """A step of the chain. Subclasses set `name` and implement `process(batch) -> batch with DROP`."""
+def check_text_column(name: str, data: Dataset | IterableDataset, text_column: str) -> None:
+    """The one error for data without the text column (a stream may not know its columns: then nothing to check)."""
+    if data.column_names is not None and text_column not in data.column_names:
+        raise ValueError(f"{name}: text_column={text_column!r} is not in the data; columns are {data.column_names}.")
+
+
+class Block:
+    """A step of the chain: `run` is the same for every block, the block says how it marks rows.
+
+    `run(data, rank, world_size, num_proc)` = `mark` (this rank's rows with the helper columns:
+    the default shards `data`, checks its columns and maps `process` over batches) -> `keep` (fill
+    `stats` from the helper columns and keep the "" rows: `count_and_keep`) -> `finish` (the block's
+    own counters in `stats.extra`, its helper columns removed). A stream goes through `mark`, the
+    streaming count and `finish_stream`. Row-wise blocks implement `process` only; the reader
+    (`ReadFiles`: marks lines of files) and `Pack` (marks blocks of tokens) implement `mark`.
+    """
 
     name = "block"
     text_column = "text"
@@ -144,9 +161,9 @@ class Block(ABC):
     def __init__(self):
         self.stats = BlockStats(self.name)
 
-    @abstractmethod
     def process(self, batch: dict[str, list]) -> dict[str, list]:
         """The batch rewritten, with `DROP` (and `FIRST` when the number of rows changes)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither process() nor mark().")
 
     def _process(self, batch: dict[str, list]) -> dict[str, list]:
         n_in = len(batch[self.text_column])
@@ -167,23 +184,33 @@ class Block(ABC):
         self, data: Dataset | IterableDataset, rank: int = 0, world_size: int = 1, num_proc: int | None = None
     ) -> Dataset | IterableDataset:
         """This rank's shard of `data` through the block: kept rows only; counters in `self.stats`."""
+        self.stats = BlockStats(self.name)
+        start = time.perf_counter()
+        marked = self.mark(data, rank, world_size, num_proc)
+        if isinstance(marked, IterableDataset):
+            return self.finish_stream(count_and_keep_streaming(marked, self.stats, start))
+        if len(marked) == 0:  # no row to mark or count (map never calls process on zero rows)
+            return marked
+        kept = self.finish(self.keep(marked, num_proc))
+        self.stats.seconds = time.perf_counter() - start
+        return kept
+
+    def mark(
+        self, data: Dataset | IterableDataset, rank: int, world_size: int, num_proc: int | None
+    ) -> Dataset | IterableDataset:
+        """This rank's rows of `data` with the helper columns (`process` over batches)."""
         data = shard(data, rank, world_size)
-        if data.column_names is not None and self.text_column not in data.column_names:
-            raise ValueError(
-                f"{self.name}: text_column={self.text_column!r} is not in the data; columns are {data.column_names}."
-            )
+        check_text_column(self.name, data, self.text_column)
         taken = sorted(set(HELPER_COLUMNS) & set(data.column_names or ()))
         if taken:
             raise ValueError(
                 f"{self.name}: the data has column(s) {taken}, names the blocks use themselves; rename them."
             )
-        self.stats = BlockStats(self.name)
-        start = time.perf_counter()
         if isinstance(data, IterableDataset):
-            return self._run_streaming(data, start)
-        if len(data) == 0:  # map never calls process on zero rows: nothing to mark or count
+            return data.map(self._process, batched=True, batch_size=self.batch_size, remove_columns=data.column_names)
+        if len(data) == 0:
             return data
-        marked = data.map(
+        return data.map(
             self._process,
             batched=True,
             batch_size=self.batch_size,
@@ -191,14 +218,15 @@ class Block(ABC):
             remove_columns=data.column_names,
             desc=self.name,
         )
-        kept = count_and_keep(marked, self.stats, num_proc)
-        self.stats.seconds = time.perf_counter() - start
-        self.finish(kept)
+
+    def keep(self, marked: Dataset, num_proc: int | None) -> Dataset:
+        """`stats` from the helper columns of `marked`, and its kept rows."""
+        return count_and_keep(marked, self.stats, num_proc)
+
+    def finish(self, kept: Dataset) -> Dataset:
+        """Hook after a (non-streaming) run: the block's own counters in `self.stats.extra`; returns the data."""
         return kept
 
-    def _run_streaming(self, data: IterableDataset, start: float) -> IterableDataset:
-        marked = data.map(self._process, batched=True, batch_size=self.batch_size, remove_columns=data.column_names)
-        return count_and_keep_streaming(marked, self.stats, start)
-
-    def finish(self, kept: Dataset) -> None:  # noqa: B027  (an optional hook, not abstract)
-        """Hook after a (non-streaming) run: blocks add their own counters to `self.stats.extra`."""
+    def finish_stream(self, kept: IterableDataset) -> IterableDataset:
+        """Hook on a stream's kept rows (counters fill up as it is consumed); returns the stream."""
+        return kept

@@ -6,29 +6,12 @@ Rules, in the order they run (the first rule a document fails is its one drop re
    `empty`: the text is only whitespace (also after the rewrites).
 2. `too_large`: more than `max_bytes` UTF-8 bytes (default 10 MB), checked before any regex, so a
    50 MB document never stalls a worker.
-3. Rewrites, which never drop on their own: HTML (`<script>`/`<style>` blocks with their content,
-   comments, doctype, tags of HTML elements, block elements becoming line breaks; then `&...;`
-   entities unescaped), Unicode normal form (NFKC; then C0/C1 controls, zero-width space, word
-   joiner, soft hyphen and BOM removed), URLs (`http://`, `https://`, `ftp://`, also `<URL>`),
-   e-mail addresses, whitespace (line breaks to `\n`, runs of spaces and tabs inside a line to one
-   space, line ends stripped, at most one blank line; indentation kept: code needs it).
+3. Rewrites (`text_rules.py`), which never drop on their own: HTML, Unicode normal form (NFKC),
+   URLs, e-mail addresses, whitespace.
 4. `too_short`: fewer than `min_tokens` tokens (default 32; Gopher: 50 words).
-5. Quality rules, on the non-blank lines and on the words (whitespace-separated tokens with a letter,
-   digit or `_`: punctuation tokens do not count, as in datatrove). Gopher = Rae et al. 2021,
-   "Scaling Language Models: Methods, Analysis & Insights from Training Gopher", section A.1.1 and
-   table A1; FineWeb = Penedo et al. 2024, datatrove's `FineWebQualityFilter`. Defaults:
-   - `duplicate_lines`: > 0.30 of the lines repeat an earlier line (Gopher 0.30);
-   - `duplicate_line_chars`: > 0.20 of the characters are in such lines (Gopher 0.20); lines without
-     a letter or digit (table borders, `----` rules) are not counted as repeats;
-   - `symbol_ratio`: `#`, or `...`/`…`, per word > 0.10 (Gopher 0.10);
-   - `bullet_lines`: > 0.90 of the lines start with a bullet (`•`, `-`, `*`, ...) (Gopher 0.90);
-   - `ellipsis_lines`: > 0.30 of the lines end with `...`/`…` (Gopher 0.30);
-   - `alpha_words`: < 0.80 of the words contain a letter (Gopher 0.80);
-   - `word_length`: mean word length (surrounding punctuation stripped) outside [3, 10] (Gopher);
-   - `stop_words`: fewer than 2 of "the be to of and that have with" (Gopher 2). Off by default: it
-     drops every non-English document;
-   - `line_punct`: < 0.12 of the lines end in `. ! ? " '` (FineWeb 0.12). Off by default: it is
-     meant for web boilerplate (menus, link lists) and drops line-wrapped prose, code and tables.
+5. Quality rules (`quality.py`): Gopher's `duplicate_lines`, `duplicate_line_chars`,
+   `symbol_ratio`, `bullet_lines`, `ellipsis_lines`, `alpha_words`, `word_length`, and, off by
+   default, `stop_words` and FineWeb's `line_punct`.
 6. `too_long`: more than `max_tokens` tokens (default 2048) with `long_documents="drop"`. With the
    default "split", the document is cut at paragraph breaks (at line breaks, then between words, for
    a paragraph or line too long on its own) into pieces of similar size of at most `max_tokens`
@@ -50,30 +33,17 @@ rewrites 366 documents (double spaces after full stops, aligned columns). Each q
 drops: duplicate_lines 0, duplicate_line_chars 6, symbol_ratio 2, bullet_lines 0, ellipsis_lines
 0, alpha_words 4 (1 at 0.70), word_length 0, stop_words 2, line_punct 58.
 
-HTML tags are only removed from a document that shows HTML (a closing tag, a tag with an attribute,
-a comment, a doctype, `<br>`, `<hr>` or `<img>`), and only tags named after HTML elements: Python's
-documentation writes placeholders like `<body>`, `<value>` or `<class 'int'>`, which stay. URLs
-without a scheme (`www.example.com`) stay too: in code they are strings. Every regex runs in time
-linear in the text (no rescanning on unclosed `<script>` or `<!--`, runs matched from their start).
-
 Counters in `stats.extra`: `urls_removed`, `emails_removed`, `html_tags_removed` (a script, style or
 comment block counts one), `html_entities_unescaped`, `split_documents` (documents cut into more
 than one piece) and `tokens_out`. They are summed over the rows that come out of the block (each
 document's counts ride on its first kept piece, in helper columns), so they are exact with worker
 processes and on streams; a dropped document's removals are not counted: its text is gone.
-
-Written by hand with `re`, `html` and `unicodedata`: datatrove has these filters, but on its own
-document model and executors; this package stays on `datasets` (see `blocks.py`).
 """
 
 from __future__ import annotations
 
-import html
 import inspect
 import math
-import re
-import string
-import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +52,14 @@ import pyarrow.compute as pc
 from datasets import Dataset, IterableDataset
 
 from .blocks import DROP, FIRST, Block
+from .quality import BULLETS, ELLIPSES, LINE_PUNCT, STOP_WORDS, quality_reason  # noqa: F401  (re-exported)
+from .text_rules import (  # noqa: F401  (re-exported: the rewrites as they were here)
+    normalize_unicode,
+    normalize_whitespace,
+    remove_emails,
+    remove_html,
+    remove_urls,
+)
 
 UNICODE_FORMS = (None, "NFC", "NFD", "NFKC", "NFKD")
 LONG_DOCUMENTS = ("split", "drop")
@@ -94,10 +72,6 @@ COUNTERS = (
     "tokens_out",
 )
 COUNT_COLUMNS = {name: f"_clean_{name}" for name in COUNTERS}  # per-row counts, summed after the map
-STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})  # Gopher's list
-BULLETS = ("•", "-", "*", "‣", "◦", "●", "–", "·")
-ELLIPSES = ("...", "…")
-LINE_PUNCT = (".", "!", "?", '"', "'")  # FineWeb's stop characters
 
 
 @dataclass
@@ -135,201 +109,6 @@ class CleanConfig:
                 raise ValueError(f"{name}={value} is invalid: use a positive number or None.")
         if self.min_tokens is not None and self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens={self.min_tokens} > max_tokens={self.max_tokens}.")
-
-
-# --- rewrites -------------------------------------------------------------------------------------
-
-_HTML_ELEMENTS = (
-    "a abbr acronym address area article aside audio b base bdi bdo big blockquote body br button canvas caption "
-    "center cite code col colgroup data datalist dd del details dfn dialog div dl dt em embed fieldset figcaption "
-    "figure font footer form frame frameset h1 h2 h3 h4 h5 h6 head header hgroup hr html i iframe img input ins kbd "
-    "label legend li link main map mark meta meter nav nobr noscript object ol optgroup option output p param "
-    "picture pre progress q rp rt ruby s samp section select small source span strike strong sub summary sup svg "
-    "table tbody td template textarea tfoot th thead time title tr track tt u ul var video wbr"
-)
-_BLOCK_ELEMENTS = (
-    "address article aside blockquote body br dd details dialog div dl dt fieldset figcaption figure footer form "
-    "frame h1 h2 h3 h4 h5 h6 head header hgroup hr html li main nav ol p pre section summary table tbody tfoot "
-    "thead title tr ul"
-)
-HTML_ELEMENTS = frozenset(_HTML_ELEMENTS.split())
-BLOCK_ELEMENTS = frozenset(_BLOCK_ELEMENTS.split())  # replaced by a line break, so words do not run together
-CELL_ELEMENTS = frozenset({"td", "th"})
-_NAMES = "|".join(sorted(HTML_ELEMENTS, key=len, reverse=True))
-# Blocks removed with their content, each with its closing tag: a block is only looked for before the last
-# closing tag, so unclosed openers never make the lazy `.*?` scan to the end of the text again and again.
-_HTML_BLOCKS = tuple(
-    (re.compile(opener + r".*?" + closer, re.IGNORECASE | re.DOTALL), re.compile(closer, re.IGNORECASE), replacement)
-    for opener, closer, replacement in (
-        (r"<!--", r"-->", ""),
-        (r"<script\b[^<>]*>", r"</script\s*>", "\n"),
-        (r"<style\b[^<>]*>", r"</style\s*>", "\n"),
-    )
-)
-_HTML_TAG = re.compile(rf"<!doctype\b[^<>]*>|</?(?P<name>{_NAMES})(?=[\s/>])[^<>]*>", re.IGNORECASE)
-_HTML_EVIDENCE = re.compile(
-    rf"</(?:{_NAMES})\s*>|<(?:{_NAMES})\s+[\w:-]+\s*=|<!--|<!doctype\b|<(?:br|hr|img)\b[^<>]*>", re.IGNORECASE
-)
-_ENTITY = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9a-fA-F]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});")
-_URL_BODY = r"(?:https?|ftp)://[^\s<>\"'`]+"
-_URL = re.compile(rf"<(?:URL:)?{_URL_BODY}>|\b{_URL_BODY}", re.IGNORECASE)
-_URL_TRAILING = ".,;:!?"
-_BRACKETS = {")": "(", "]": "[", "}": "{"}
-# The lookbehind starts a match only at the beginning of a run: linear time on long words.
-_EMAIL = re.compile(r"(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[A-Za-z]{2,}\b")
-_INVISIBLE = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\u00ad\u200b\u2060\ufeff]")
-_NEWLINES = re.compile("\r\n|[\r\x0b\x0c\x85\u2028\u2029]")
-_TRAILING_SPACE = re.compile(r"(?<![^\S\n])[^\S\n]+$", re.MULTILINE)
-_INNER_SPACE = re.compile(r"(?<=\S)(?:[^\S\n]{2,}|[^\S\n ])")
-_BLANK_LINES = re.compile(r"\n{3,}")
-_HAS_ALPHA = re.compile(r"[^\W\d_]")  # a letter
-_HAS_WORD_CHAR = re.compile(r"\w")
-
-
-def _html_tag(match: re.Match) -> str:
-    name = (match.group("name") or "").lower()
-    if name in BLOCK_ELEMENTS:
-        return "\n"
-    return " " if name in CELL_ELEMENTS else ""
-
-
-def _remove_blocks(text: str) -> tuple[str, int]:
-    count = 0
-    for block, closer, replacement in _HTML_BLOCKS:
-        ends = [m.end() for m in closer.finditer(text)]
-        if ends:
-            head, n = block.subn(replacement, text[: ends[-1]])
-            text, count = head + text[ends[-1] :], count + n
-    return text, count
-
-
-def remove_html(text: str) -> tuple[str, int, int]:
-    """Text without HTML markup, entities unescaped; with the numbers of tags (or blocks) and entities removed."""
-    tags = 0
-    if "<" in text and _HTML_EVIDENCE.search(text):
-        text, blocks = _remove_blocks(text)
-        text, tags = _HTML_TAG.subn(_html_tag, text)
-        tags += blocks
-    entities = 0
-    if "&" in text:
-
-        def unescape(match: re.Match) -> str:
-            nonlocal entities
-            out = html.unescape(match.group())
-            entities += out != match.group()
-            return out
-
-        text = _ENTITY.sub(unescape, text)
-    return text, tags, entities
-
-
-def _url_tail(match: re.Match) -> str:
-    """What to keep of a URL match: trailing punctuation and unbalanced closing brackets."""
-    url = match.group()
-    if url.startswith("<"):
-        return ""
-    unbalanced = {close: url.count(close) - url.count(opening) for close, opening in _BRACKETS.items()}
-    end = len(url)
-    while end:
-        char = url[end - 1]
-        if unbalanced.get(char, 0) > 0:
-            unbalanced[char] -= 1
-        elif char not in _URL_TRAILING:
-            break
-        end -= 1
-    return url[end:]
-
-
-def remove_urls(text: str) -> tuple[str, int]:
-    return _URL.subn(_url_tail, text) if "://" in text else (text, 0)
-
-
-def remove_emails(text: str) -> tuple[str, int]:
-    return _EMAIL.subn("", text) if "@" in text else (text, 0)
-
-
-def normalize_unicode(text: str, form: str) -> str:
-    return _INVISIBLE.sub("", unicodedata.normalize(form, text))
-
-
-def normalize_whitespace(text: str) -> str:
-    text = _NEWLINES.sub("\n", text)
-    text = _TRAILING_SPACE.sub("", text)
-    text = _INNER_SPACE.sub(" ", text)
-    return _BLANK_LINES.sub("\n\n", text).strip("\n")
-
-
-# --- quality --------------------------------------------------------------------------------------
-
-
-def _duplicates(lines: list[str]) -> tuple[int, int]:
-    """Lines that repeat an earlier line, and their characters (Gopher), but for lines without a letter or
-    digit: table borders and `----` rules repeat by design."""
-    seen, count, chars = set(), 0, 0
-    for line in lines:
-        if line in seen:
-            count += 1
-            chars += len(line)
-        elif _HAS_WORD_CHAR.search(line):
-            seen.add(line)
-    return count, chars
-
-
-def _mean_word_length(words: list[str]) -> float:
-    lengths = [len(word.strip(string.punctuation)) or len(word) for word in words]
-    return sum(lengths) / len(lengths) if lengths else 0.0
-
-
-def quality_reason(text: str, config: CleanConfig) -> str:
-    """The first quality rule `text` fails (module docstring order), or "" when it passes them all.
-
-    Lines are the non-blank lines; words the whitespace-separated tokens with a letter, digit or `_`
-    (like datatrove, which leaves punctuation tokens out of the word count).
-    """
-    c = config
-    lines = [line for line in text.split("\n") if line.strip()]
-    if not lines:
-        return "empty"
-    words = [word for word in text.split() if _HAS_WORD_CHAR.search(word)]
-    n_words = max(len(words), 1)
-    if c.max_duplicate_line_fraction is not None or c.max_duplicate_line_char_fraction is not None:
-        dup_lines, dup_chars = _duplicates(lines)
-        if c.max_duplicate_line_fraction is not None and dup_lines / len(lines) > c.max_duplicate_line_fraction:
-            return "duplicate_lines"
-        if (
-            c.max_duplicate_line_char_fraction is not None
-            and dup_chars / len(text) > c.max_duplicate_line_char_fraction
-        ):
-            return "duplicate_line_chars"
-    if c.max_symbol_word_ratio is not None:
-        symbols = max(text.count("#"), text.count("...") + text.count("…"))
-        if symbols / n_words > c.max_symbol_word_ratio:
-            return "symbol_ratio"
-    if c.max_bullet_line_fraction is not None:
-        bullets = sum(line.lstrip().startswith(BULLETS) for line in lines)
-        if bullets / len(lines) > c.max_bullet_line_fraction:
-            return "bullet_lines"
-    if c.max_ellipsis_line_fraction is not None and (
-        sum(line.endswith(ELLIPSES) for line in lines) / len(lines) > c.max_ellipsis_line_fraction
-    ):
-        return "ellipsis_lines"
-    if c.min_alpha_word_fraction is not None and (
-        sum(1 for w in words if _HAS_ALPHA.search(w)) / n_words < c.min_alpha_word_fraction
-    ):
-        return "alpha_words"
-    if c.min_mean_word_length is not None or c.max_mean_word_length is not None:
-        mean = _mean_word_length(words)
-        if (c.min_mean_word_length is not None and mean < c.min_mean_word_length) or (
-            c.max_mean_word_length is not None and mean > c.max_mean_word_length
-        ):
-            return "word_length"
-    if c.min_stop_words is not None and sum(w.lower() in STOP_WORDS for w in words) < c.min_stop_words:
-        return "stop_words"
-    if c.min_line_punct_fraction is not None and (
-        sum(line.endswith(LINE_PUNCT) for line in lines) / len(lines) < c.min_line_punct_fraction
-    ):
-        return "line_punct"
-    return ""
 
 
 # --- the block ------------------------------------------------------------------------------------
@@ -489,13 +268,13 @@ class Clean(Block):
                     out[column].append(row_counts.get(name, 0))
         return out
 
-    def run(
-        self, data: Dataset | IterableDataset, rank: int = 0, world_size: int = 1, num_proc: int | None = None
-    ) -> Dataset | IterableDataset:
-        kept = super().run(data, rank, world_size, num_proc)
-        columns = list(COUNT_COLUMNS.values())
-        if isinstance(kept, Dataset):
-            return kept.remove_columns([c for c in columns if c in kept.column_names])
+    def finish(self, kept: Dataset) -> Dataset:
+        table = kept.select_columns(list(COUNT_COLUMNS.values())).with_format("arrow")[:]
+        for name, column in COUNT_COLUMNS.items():
+            self.stats.extra[name] = pc.sum(table.column(column)).as_py() or 0
+        return kept.remove_columns(list(COUNT_COLUMNS.values()))
+
+    def finish_stream(self, kept: IterableDataset) -> IterableDataset:
         extra = self.stats.extra  # this run's stats, filled as the stream is consumed
         extra.update(dict.fromkeys(COUNTERS, 0))
 
@@ -504,9 +283,4 @@ class Clean(Block):
                 extra[name] += row[column]
             return {}
 
-        return kept.map(count, remove_columns=columns)
-
-    def finish(self, kept: Dataset) -> None:
-        table = kept.select_columns(list(COUNT_COLUMNS.values())).with_format("arrow")[:]
-        for name, column in COUNT_COLUMNS.items():
-            self.stats.extra[name] = pc.sum(table.column(column)).as_py() or 0
+        return kept.map(count, remove_columns=list(COUNT_COLUMNS.values()))

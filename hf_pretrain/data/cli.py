@@ -109,7 +109,7 @@ def dedup(argv: list[str]) -> list[BlockStats]:
 
 
 def train_tokenizer_cli(argv: list[str]) -> list[BlockStats]:
-    from .corpus import is_heldout
+    from .split import split_by_hash
     from .tokenizer import train_tokenizer
 
     parser = argparse.ArgumentParser(prog="hf-pretrain data train-tokenizer", description="Train a byte-level BPE.")
@@ -120,11 +120,10 @@ def train_tokenizer_cli(argv: list[str]) -> list[BlockStats]:
     args = parser.parse_args(argv)
     reader = ReadFiles(args.text_column)
     data = reader.run(args.input, args.rank, args.world_size, args.num_proc)
-    flags = [is_heldout(t, args.heldout_fraction) for t in data[args.text_column]]
-    train = data.select([i for i, h in enumerate(flags) if not h])
-    heldout = [t for t, h in zip(data[args.text_column], flags) if h]
+    splits = split_by_hash(data, args.heldout_fraction, args.text_column, args.num_proc)
+    heldout = list(splits["heldout"][args.text_column])
     tokenizer, stats = train_tokenizer(
-        train, args.output, args.vocab_size, args.text_column, heldout, args.min_frequency
+        splits["train"], args.output, args.vocab_size, args.text_column, heldout, args.min_frequency
     )
     result = _finish(args.output, [reader.stats, stats])
     print(
@@ -168,9 +167,14 @@ COMMANDS = {
 
 
 def main(argv: list[str]) -> int:
-    """Run one command; bad input (a missing path, a bad config, nothing to read) is one line on stderr, exit 2."""
+    """Run one command; bad input (a missing path, a bad config, nothing to read) is one line on stderr, exit 2.
+    `hf-pretrain data --help` prints the commands (exit 0); `COMMAND --help` a command's options."""
+    usage = f"usage: hf-pretrain data {{{','.join(COMMANDS)}}} [options]   (hf-pretrain data COMMAND --help)"
+    if argv[:1] in (["--help"], ["-h"]):
+        print(usage + "\n\n" + __doc__.split("\n\n", 1)[1].strip().removesuffix('"""').strip())
+        return 0
     if not argv or argv[0] not in COMMANDS:
-        print(f"usage: hf-pretrain data {{{','.join(COMMANDS)}}} [options]   (hf-pretrain data COMMAND --help)")
+        print(usage, file=sys.stderr)
         return 2
     try:
         with children_die_with_parent():

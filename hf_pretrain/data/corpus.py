@@ -7,13 +7,13 @@ documents of at most `max_chars` characters so that a held-out split by document
 short paragraphs are merged into their neighbours, and the few remnants under 40 characters (bare
 headings) are left out.
 
-The held-out split is by document, chosen by a hash of the text, so it is stable across runs,
-machines and orderings, and no held-out document leaks into training.
+The held-out split is by document, chosen by a hash of the text (`split.py`, the one rule every
+data path uses), so it is stable across runs, machines and orderings, and no held-out document
+leaks into training.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import inspect
 import json
@@ -22,6 +22,9 @@ from pathlib import Path
 from datasets import DatasetDict
 
 from .read import read_splits
+from .split import is_heldout, own_heldout, split_by_hash
+
+__all__ = ["embedded_documents", "is_heldout", "load_text_dataset", "write_embedded_corpus"]
 
 STDLIB_MODULES = (
     "argparse",
@@ -91,12 +94,6 @@ def embedded_documents(max_chars: int = 2000) -> list[str]:
     return [d for d in docs if len(d) >= 40]
 
 
-def is_heldout(text: str, fraction: float) -> bool:
-    """Deterministic document-level split: the first 8 bytes of SHA-1 of the text as a fraction."""
-    digest = int.from_bytes(hashlib.sha1(text.encode("utf-8")).digest()[:8], "big")
-    return digest / 2**64 < fraction
-
-
 def write_embedded_corpus(out_dir: str | Path, heldout_fraction: float = 0.05) -> dict[str, Path]:
     """Write the embedded corpus as `train.jsonl` / `heldout.jsonl` in `out_dir` (kept if present)."""
     out = Path(out_dir)
@@ -119,18 +116,12 @@ def load_text_dataset(
     """Load the user's data: jsonl/json/text/parquet/arrow files, a folder of them, or a `save_to_disk` folder.
 
     Returns a `DatasetDict` with `train` and `heldout`; an existing `heldout`/`validation`/`test` split is
-    used as is, otherwise documents are split by hash (see `is_heldout`). Every split goes through the reader
+    used as is, otherwise documents are split by hash (`split.split_by_hash`). Every split goes through the reader
     (`read.py`): lines and rows that are not documents (malformed JSON, invalid UTF-8, null or non-string text,
     ...) are dropped and their counts printed, every field is kept and each document gets its `doc_id`.
     """
     data = read_splits(path, text_column, num_proc)
-    for name in ("heldout", "validation", "test"):
-        if name in data:
-            return DatasetDict(train=data["train"], heldout=data[name])
-    flags = data["train"].map(
-        lambda b: {"_heldout": [is_heldout(t, heldout_fraction) for t in b[text_column]]}, batched=True
-    )
-    return DatasetDict(
-        train=flags.filter(lambda b: [not h for h in b["_heldout"]], batched=True).remove_columns("_heldout"),
-        heldout=flags.filter(lambda b: b["_heldout"], batched=True).remove_columns("_heldout"),
-    )
+    own = own_heldout(data)
+    if own:
+        return DatasetDict(train=data["train"], heldout=data[own])
+    return split_by_hash(data["train"], heldout_fraction, text_column, num_proc)

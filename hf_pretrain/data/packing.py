@@ -39,17 +39,15 @@ import bisect
 import functools
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
-from datasets import Dataset, load_from_disk
+from datasets import Dataset, IterableDataset, load_from_disk
 from transformers import PreTrainedTokenizerBase
 
-from .blocks import BlockStats, shard
-from .read import ID_FIELDS, own_id
-from .workers import children_die_with_parent
+from .blocks import Block, BlockStats, check_text_column, shard
+from .records import ID_FIELDS, own_id
 
 MODES = ("concat", "best_fit")
 COUNTERS = ("_documents", "_tokens", "_tail", "_cropped", "_bytes", "_not_text")
@@ -118,8 +116,11 @@ def concat_sources(lengths: list[int], seq_len: int, blocks: int) -> list[list[i
     return sources
 
 
-class Pack:
-    """Tokenize + pack (`run(data, rank, world_size, num_proc)` -> a Dataset of `input_ids` rows)."""
+class Pack(Block):
+    """Tokenize + pack (`run(data, rank, world_size, num_proc)` -> a Dataset of `input_ids` rows).
+
+    A block whose rows are blocks of tokens, not documents: `mark` packs each batch and `keep` counts
+    from the per-batch counter columns; `Block.run` does the rest."""
 
     name = "pack"
 
@@ -131,6 +132,7 @@ class Pack:
         text_column: str = "text",
         batch_size: int = 1000,
     ):
+        super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is invalid; use one of {list(MODES)}.")
         if tokenizer.eos_token_id is None:
@@ -140,7 +142,6 @@ class Pack:
         check_seq_len(seq_len)
         self.tokenizer, self.seq_len, self.mode = tokenizer, seq_len, mode
         self.text_column, self.batch_size = text_column, batch_size
-        self.stats = BlockStats(self.name)
 
     def _pack(self, *args, inputs: list[str]) -> dict:
         """A batch of documents -> its blocks; `args` are the `inputs` columns, then the rows' indices."""
@@ -171,16 +172,16 @@ class Pack:
             out[name] = [value] + [0] * (len(out["input_ids"]) - 1)
         return out
 
-    @children_die_with_parent()
-    def run(self, data: Dataset, rank: int = 0, world_size: int = 1, num_proc: int | None = None) -> Dataset:
+    def mark(self, data: Dataset, rank: int, world_size: int, num_proc: int | None) -> Dataset:
+        """This rank's documents tokenized and packed into rows, each batch's counters on its first row."""
         data = shard(data, rank, world_size)
-        if self.text_column not in data.column_names:
-            raise ValueError(f"text_column={self.text_column!r} is not in the data; columns are {data.column_names}.")
+        check_text_column(self.name, data, self.text_column)
+        if isinstance(data, IterableDataset):
+            raise ValueError("pack: needs a datasets.Dataset (it reports the blocks it made), not a stream.")
         if len(data) == 0:
             raise ValueError(f"No {self.seq_len}-token block could be packed: the data has no document; add data.")
-        start = time.perf_counter()
         inputs = [c for c in (self.text_column, *ID_FIELDS) if c in data.column_names]
-        marked = data.map(
+        return data.map(
             functools.partial(self._pack, inputs=inputs),
             batched=True,
             batch_size=self.batch_size,
@@ -190,6 +191,9 @@ class Pack:
             remove_columns=data.column_names,
             desc=f"pack {self.mode} {self.seq_len}",
         )
+
+    def keep(self, marked: Dataset, num_proc: int | None) -> Dataset:
+        """The non-empty rows; `stats` from the counter columns (summed before the empty marker rows go)."""
         sums = {name: pc.sum(marked.data.column(name)).as_py() or 0 for name in COUNTERS}
         lengths = np.asarray(pc.list_value_length(marked.data.column("input_ids")))  # fresh from map: the rows
         lengths = lengths[lengths > 0]
@@ -202,7 +206,6 @@ class Pack:
             documents_out=rows,
             bytes_in=sums["_bytes"],
             dropped={name: n for name, n in (("not_text", sums["_not_text"]), ("tail_tokens", sums["_tail"])) if n},
-            seconds=time.perf_counter() - start,
             extra={
                 "mode": self.mode,
                 "seq_len": self.seq_len,

@@ -56,7 +56,7 @@ class PerplexityFilter(Block):
         if self._model is None:
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            import hf_pretrain  # noqa: F401  (registers the hf_pretrain model type with the Auto classes)
+            from .. import modeling  # noqa: F401  (registers the hf_pretrain model type with the Auto classes)
 
             self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
             dtype = torch.float32 if self.device == "cpu" else "auto"
@@ -93,11 +93,7 @@ class PerplexityFilter(Block):
         batch[PPL] = scores
         return batch
 
-    def run(self, data, rank: int = 0, world_size: int = 1, num_proc: int | None = None):
-        kept = super().run(data, rank, world_size, num_proc)
-        return kept if self.keep_scores else kept.remove_columns([PPL])
-
-    def finish(self, kept) -> None:
+    def finish(self, kept):
         values = list(kept[PPL]) if len(kept) else []
         finite = [s for s in values if not math.isnan(s)]
         self.stats.extra.update(
@@ -107,3 +103,7 @@ class PerplexityFilter(Block):
             threshold=self.threshold,
             model=self.model_path,
         )
+        return self.finish_stream(kept)
+
+    def finish_stream(self, kept):
+        return kept if self.keep_scores else kept.remove_columns([PPL])

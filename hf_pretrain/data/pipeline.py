@@ -4,13 +4,22 @@
 folder and one section per step; a section set to `null` skips that step (the perplexity filter
 is off by default: it needs a model). `run_pipeline(config)` runs the steps in order, each
 writing `OUTPUT/NN-step/` (an Arrow `save_to_disk` folder, or the tokenizer) and then its
-`stats.json` last, atomically: a step whose `stats.json` exists is complete, and a relaunched
-`prepare` reuses it instead of running it again. At the end it writes `OUTPUT/stats.json` (every
-step's counters) and prints a one-screen summary table.
+`stats.json` last, atomically, beside `step.json` (the step's key: a hash of its settings, of the
+input files' names, sizes and modification times for the read, and of the key of the step before
+it). A step whose `stats.json` exists under the same key is complete, and a relaunched `prepare`
+(or a second run of the example on the same cache) reuses it instead of running it again; a
+changed setting or input file runs that step and every later one again. At the end it writes
+`OUTPUT/stats.json` (every step's counters) and prints a one-screen summary table.
 
-Held-out text: after dedup, a `heldout_fraction` of documents (by hash of the text, the same rule
-as `corpus.is_heldout`) is set aside; the tokenizer reports bytes per token on it and the pack
-step packs it separately (`OUTPUT/NN-pack/heldout`), so evaluation never sees a training document.
+Held-out text: after dedup, a `heldout_fraction` of documents (`split.split_by_hash`, the one rule
+of every data path) is set aside; a `save_to_disk` DatasetDict input that brings its own
+held-out split (`heldout`, `validation` or `test`) keeps it instead, and every document block runs
+on each split. The tokenizer reports bytes per token on the held-out text and the pack step packs
+it separately (`OUTPUT/NN-pack/heldout`), so evaluation never sees a training document; a held-out
+split too small to fill one block is left unpacked, with the reason in its stats (`skipped`).
+
+The chain's one wiring: `hf-pretrain data prepare`, `examples/pretrain.py` and the precision trial
+all run it through `run_pipeline` / `Pipeline`.
 
 On a large corpus: run one `prepare` per machine with `rank` / `world_size` set: each reads its
 own files and writes its own output folder; dedup is then within each rank's shard (see the data
@@ -20,140 +29,26 @@ guide for the cross-shard pass).
 from __future__ import annotations
 
 import dataclasses
-import inspect
+import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_from_disk
 
-from .blocks import BlockStats, check_rank
-from .corpus import is_heldout
-from .read import ReadFiles
+from .blocks import BlockStats
+from .pipeline_config import PipelineConfig, check_section, settable_keys  # noqa: F401  (re-exported)
+from .read import ReadFiles, list_files
+from .split import own_heldout, split_by_hash
 from .workers import children_die_with_parent
 
 
-@dataclass
-class PipelineConfig:
-    input: str
-    output_dir: str
-    text_column: str = "text"
-    num_proc: int | None = None
-    rank: int = 0
-    world_size: int = 1
-    max_bytes: int = 10_000_000
-    heldout_fraction: float = 0.01
-    clean: dict | None = field(default_factory=dict)  # CleanConfig fields; {} = defaults
-    perplexity: dict | None = None  # {"model_path": ..., "threshold": 1500, ...}
-    dedup: dict | None = field(default_factory=dict)  # {"exact": true, "threshold": 0.8, "num_perm": 128, ...}
-    tokenizer: dict | None = field(default_factory=lambda: {"vocab_size": 32768})  # or {"path": existing}
-    pack: dict | None = field(default_factory=lambda: {"seq_len": 4096, "mode": "best_fit"})
-
-    def __post_init__(self):
-        """Every section checked before any data is read: unknown keys, missing ones, values the blocks refuse."""
-        check_rank(self.rank, self.world_size)
-        if self.num_proc is not None and self.num_proc < 1:
-            raise ValueError(f"num_proc={self.num_proc}: use a number of worker processes >= 1, or null.")
-        if not 0 <= self.heldout_fraction < 1:
-            raise ValueError(f"heldout_fraction={self.heldout_fraction}: use a fraction in [0, 1), e.g. 0.01.")
-        for name, check in (
-            ("clean", _check_clean),
-            ("perplexity", _check_perplexity),
-            ("dedup", _check_dedup),
-            ("tokenizer", _check_tokenizer),
-            ("pack", _check_pack),
-        ):
-            values = getattr(self, name)
-            if values is None:
-                continue
-            try:
-                check(values)
-            except (TypeError, ValueError) as err:  # a value a block refuses: name the section
-                raise ValueError(str(err) if str(err).startswith("section") else f"section {name!r}: {err}") from None
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> PipelineConfig:
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"config file {str(path)!r} does not exist; pass the JSON file of the pipeline.")
-        try:
-            values = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path} is not valid JSON: {err}.") from None
-        if not isinstance(values, dict):
-            raise ValueError(f"{path}: expected a JSON object of PipelineConfig fields, not {type(values).__name__}.")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"{path}: unknown field(s) {unknown}; the fields are {sorted(known)}.")
-        missing = [name for name in ("input", "output_dir") if name not in values]
-        if missing:
-            raise ValueError(f"{path}: missing field(s) {missing}.")
-        try:
-            return cls(**values)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{path}: {err}") from None
-
-
-def _check_clean(values) -> None:
-    from .clean import CleanConfig
-
-    CleanConfig(**check_section("clean", values, settable_keys(CleanConfig)))
-
-
-def _check_perplexity(values) -> None:
-    from .perplexity import PerplexityFilter  # torch: imported only when the step is on
-
-    check_section("perplexity", values, settable_keys(PerplexityFilter), required=("model_path",))
-
-
-def _check_dedup(values) -> None:
-    from .dedup import MinHashDedup
-
-    options = dict(check_section("dedup", values, {"exact", "minhash", *settable_keys(MinHashDedup)}))
-    options.pop("exact", None)
-    if options.pop("minhash", True):
-        MinHashDedup(**{**options, "verbose": False})
-
-
-def _check_tokenizer(values) -> None:
-    keys = ("path",) if isinstance(values, dict) and "path" in values else ("vocab_size", "min_frequency")
-    check_section("tokenizer", values, keys, required=keys[:1])
-
-
-def _check_pack(values) -> None:
-    from .packing import MODES, Pack, check_seq_len
-
-    check_section("pack", values, settable_keys(Pack, "tokenizer"))
-    check_seq_len(values.get("seq_len", 4096))
-    if values.get("mode", "best_fit") not in MODES:
-        raise ValueError(f"mode={values['mode']!r} is invalid; use one of {list(MODES)}.")
-
-
-def settable_keys(owner, *also_internal: str) -> set[str]:
-    """The keyword arguments a config section may set for `owner` (a dataclass or a block's __init__)."""
-    if dataclasses.is_dataclass(owner):
-        return {f.name for f in dataclasses.fields(owner)}
-    internal = {"self", "text_column", *also_internal}
-    return set(inspect.signature(owner.__init__).parameters) - internal
-
-
-def check_section(name: str, values, valid, required: tuple[str, ...] = ()) -> dict:
-    """`values` if it is an object of known keys holding the `required` ones; else the one-line error."""
-    if not isinstance(values, dict):
-        raise ValueError(f"section {name!r} must be an object of settings or null (skips the step), not {values!r}.")
-    unknown = sorted(set(values) - set(valid))
-    if unknown:
-        raise ValueError(f"section {name!r} has unknown key(s) {unknown}; valid keys are {sorted(valid)}.")
-    missing = [key for key in required if key not in values]
-    if missing:
-        raise ValueError(f"section {name!r} lacks {missing}; valid keys are {sorted(valid)}.")
-    return values
-
-
-def _done(folder: Path) -> bool:
-    return (folder / "stats.json").exists()
+def _done(folder: Path, key: str | None = None) -> bool:
+    """Complete: `stats.json` written, under `key` when one is given."""
+    if not (folder / "stats.json").exists():
+        return False
+    return key is None or (folder / "step.json").exists() and json.loads((folder / "step.json").read_text()) == key
 
 
 def _write_stats(folder: Path, stats: list[BlockStats]) -> None:
@@ -166,22 +61,43 @@ def _read_stats(folder: Path) -> list[BlockStats]:
     return [BlockStats(**s) for s in json.loads((folder / "stats.json").read_text())]
 
 
+def files_signature(path: str | Path) -> list:
+    """The files at `path` (a file or a folder) with their sizes and modification times: what a step read. The
+    cache files `datasets` writes beside the data of a `save_to_disk` folder (`cache-*.arrow`, `tmp*`) are left out."""
+    path = Path(path)
+    if not path.exists():  # a tokenizer's name on the Hub, not a folder
+        return [str(path)]
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files = [p for p in files if not (p.name.startswith("cache-") and p.suffix == ".arrow" or p.name.startswith("tmp"))]
+    return [[p.as_posix(), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
+
+def _key(*parts) -> str:
+    return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 class Pipeline:
-    def __init__(self, config: PipelineConfig):
+    """The chain's steps in order; `reused` names the steps found complete, `verbose` prints the summary table."""
+
+    def __init__(self, config: PipelineConfig, verbose: bool = True):
         self.config = config
+        self.verbose = verbose
         self.out = Path(config.output_dir)
         self.stats: list[BlockStats] = []
         self.reused: list[str] = []
+        self.key = ""  # the last step's key: every step's key includes the one before
 
-    def _step(self, index: int, name: str, run) -> Path:
-        """Run one step into OUTPUT/NN-name unless it is complete; returns the folder."""
+    def _step(self, index: int, name: str, settings, run) -> Path:
+        """Run one step into OUTPUT/NN-name unless it is complete under the same key; returns the folder."""
         folder = self.out / f"{index:02d}-{name}"
-        if _done(folder):
+        self.key = _key(self.key, name, settings)
+        if _done(folder, self.key):
             self.reused.append(name)
         else:
             if folder.exists():
-                shutil.rmtree(folder)  # an interrupted earlier attempt
+                shutil.rmtree(folder)  # an interrupted earlier attempt, or one with other settings
             folder.mkdir(parents=True)
+            (folder / "step.json").write_text(json.dumps(self.key))
             _write_stats(folder, run(folder))
         self.stats += _read_stats(folder)
         return folder
@@ -189,23 +105,42 @@ class Pipeline:
     @children_die_with_parent()
     def run(self) -> list[BlockStats]:
         c = self.config
-        data_dir = self._step(0, "read", self._read)
-        for index, name, block in self._document_blocks():
-            data_dir = self._step(index, name, lambda folder, d=data_dir, b=block: self._apply(b, d, folder))
-        split_dir = self._step(5, "split", lambda folder, d=data_dir: self._split(d, folder))
+        self.stats, self.reused, self.key = [], [], ""
+        list_files(c.input)  # a missing or empty input is one line before any key is computed
+        read = [files_signature(c.input), c.text_column, c.max_bytes, c.rank, c.world_size]
+        data_dir = self._step(0, "read", read, self._read)
+        for index, name, section, block in self._document_blocks():
+            run = lambda folder, d=data_dir, b=block: self._apply(b, d, folder)  # noqa: E731
+            data_dir = self._step(index, name, [section, c.text_column], run)
+        split_dir = self._step(5, "split", c.heldout_fraction, lambda folder: self._split(data_dir, folder))
         if c.tokenizer is not None:
-            tok_dir = self._step(6, "tokenizer", lambda folder: self._tokenizer(split_dir, folder))
+            settings = [c.tokenizer, files_signature(c.tokenizer["path"]) if "path" in c.tokenizer else None]
+            tok_dir = self._step(6, "tokenizer", settings, lambda folder: self._tokenizer(split_dir, folder))
             if c.pack is not None:
-                self._step(7, "pack", lambda folder: self._pack(split_dir, tok_dir, folder))
+                self._step(7, "pack", c.pack, lambda folder: self._pack(split_dir, tok_dir, folder))
         _write_stats(self.out, self.stats)
-        print(summary_table(self.stats, self.reused))
+        if self.verbose:
+            print(summary_table(self.stats, self.reused))
         return self.stats
 
     def _read(self, folder: Path) -> list[BlockStats]:
+        """The input's documents; with the input's own held-out split, a DatasetDict of train and heldout."""
         c = self.config
         reader = ReadFiles(c.text_column, c.max_bytes)
-        reader.run(c.input, c.rank, c.world_size, c.num_proc).save_to_disk(str(folder / "data"))
-        return [reader.stats]
+        data = reader.run(c.input, c.rank, c.world_size, c.num_proc)
+        stats = [reader.stats]
+        kind, _ = list_files(c.input)
+        loaded = load_from_disk(c.input) if kind == "disk" else None
+        own = own_heldout(loaded) if isinstance(loaded, DatasetDict) else None
+        if own:
+            if "train" not in loaded:
+                raise ValueError(f"input={c.input!r} has splits {list(loaded)}, no 'train'; save one named train.")
+            held = ReadFiles(c.text_column, c.max_bytes)
+            heldout = held.read_dataset(loaded[own], f"{Path(c.input).name}/{own}", c.rank, c.world_size, c.num_proc)
+            data = DatasetDict(train=data, heldout=heldout)
+            stats.append(dataclasses.replace(held.stats, block="read heldout"))
+        data.save_to_disk(str(folder / "data"))
+        return stats
 
     def _document_blocks(self):
         from .clean import Clean, CleanConfig
@@ -214,46 +149,55 @@ class Pipeline:
 
         c = self.config
         if c.clean is not None:
-            yield 1, "clean", [Clean(CleanConfig(**c.clean), text_column=c.text_column)]
+            yield 1, "clean", c.clean, [Clean(CleanConfig(**c.clean), text_column=c.text_column)]
         if c.perplexity is not None:
-            yield 2, "perplexity", [PerplexityFilter(text_column=c.text_column, **c.perplexity)]
+            yield 2, "perplexity", c.perplexity, [PerplexityFilter(text_column=c.text_column, **c.perplexity)]
         if c.dedup is not None:
             options = dict(c.dedup)
             blocks = [ExactDedup(text_column=c.text_column)] if options.pop("exact", True) else []
             if options.pop("minhash", True):
                 blocks.append(MinHashDedup(text_column=c.text_column, **options))
-            yield 3, "dedup", blocks
+            yield 3, "dedup", c.dedup, blocks
 
     def _apply(self, blocks: list, data_dir: Path, folder: Path) -> list[BlockStats]:
-        data = load_from_disk(str(data_dir / "data"))
-        for block in blocks:
-            data = block.run(data, num_proc=self.config.num_proc)
-        data.save_to_disk(str(folder / "data"))
-        return [block.stats for block in blocks]
+        """The blocks in order over the data (over each split, when the input brought its own)."""
+        loaded = load_from_disk(str(data_dir / "data"))
+        splits = dict(loaded) if isinstance(loaded, DatasetDict) else {"": loaded}
+        stats = []
+        for split, data in splits.items():
+            for block in blocks:
+                data = block.run(data, num_proc=self.config.num_proc)
+                stats.append(dataclasses.replace(block.stats, block=f"{block.name} {split}".strip()))
+            splits[split] = data
+        (DatasetDict(splits) if isinstance(loaded, DatasetDict) else splits[""]).save_to_disk(str(folder / "data"))
+        return stats
 
     def _split(self, data_dir: Path, folder: Path) -> list[BlockStats]:
         c = self.config
         data = load_from_disk(str(data_dir / "data"))
-        flags = [is_heldout(t, c.heldout_fraction) for t in data[c.text_column]]
-        heldout = [i for i, h in enumerate(flags) if h]
-        train = [i for i, h in enumerate(flags) if not h]
-        DatasetDict(train=data.select(train), heldout=data.select(heldout)).save_to_disk(str(folder / "data"))
-        stats = BlockStats("split", documents_in=len(data), documents_out=len(train))
-        stats.extra.update(train=len(train), heldout=len(heldout), heldout_fraction=c.heldout_fraction)
+        own = isinstance(data, DatasetDict)
+        splits = data if own else split_by_hash(data, c.heldout_fraction, c.text_column, c.num_proc)
+        splits.save_to_disk(str(folder / "data"))
+        train, heldout = len(splits["train"]), len(splits["heldout"])
+        stats = BlockStats("split", documents_in=train + heldout, documents_out=train)
+        stats.extra.update(train=train, heldout=heldout, heldout_fraction=None if own else c.heldout_fraction)
         return [stats]
 
     def _tokenizer(self, split_dir: Path, folder: Path) -> list[BlockStats]:
-        from .tokenizer import train_tokenizer
+        from .tokenizer import measure_bytes_per_token, train_tokenizer
 
         c = self.config
         splits = load_from_disk(str(split_dir / "data"))
         options = dict(c.tokenizer)
+        heldout = list(splits["heldout"][c.text_column][:1000])
         if "path" in options:  # an existing tokenizer: copy it, measure it
             from transformers import AutoTokenizer
 
-            AutoTokenizer.from_pretrained(options["path"]).save_pretrained(str(folder / "tokenizer"))
-            return [BlockStats("tokenizer", extra={"reused": options["path"]})]
-        heldout = list(splits["heldout"][c.text_column][:1000])
+            tokenizer = AutoTokenizer.from_pretrained(options["path"])
+            tokenizer.save_pretrained(str(folder / "tokenizer"))
+            extra = {"reused": options["path"], "vocab_size": len(tokenizer)}
+            extra.update(measure_bytes_per_token(tokenizer, heldout, splits["train"], c.text_column))
+            return [BlockStats("tokenizer", extra=extra)]
         _, stats = train_tokenizer(
             splits["train"], folder / "tokenizer", text_column=c.text_column, heldout_texts=heldout, **options
         )
@@ -269,18 +213,25 @@ class Pipeline:
         splits = load_from_disk(str(split_dir / "data"))
         out = []
         for split in ("train", "heldout"):
-            if len(splits[split]) == 0:
+            if split == "heldout" and len(splits[split]) == 0:
                 continue
             pack = Pack(tokenizer, text_column=c.text_column, **c.pack)
             pack.name = f"pack {split}"
-            pack.run(splits[split], num_proc=c.num_proc).save_to_disk(str(folder / split))
+            try:
+                pack.run(splits[split], num_proc=c.num_proc).save_to_disk(str(folder / split))
+            except ValueError as err:
+                if split == "train":
+                    raise
+                skipped = {"skipped": str(err)}  # too little held-out text for one block: no evaluation data
+                out.append(BlockStats(pack.name, documents_in=len(splits[split]), extra=skipped))
+                continue
             pack.stats.block = pack.name
             out.append(pack.stats)
         return out
 
 
-def run_pipeline(config: PipelineConfig) -> list[BlockStats]:
-    return Pipeline(config).run()
+def run_pipeline(config: PipelineConfig, verbose: bool = True) -> list[BlockStats]:
+    return Pipeline(config, verbose).run()
 
 
 def summary_table(stats: list[BlockStats], reused: list[str] = ()) -> str:
@@ -292,7 +243,16 @@ def summary_table(stats: list[BlockStats], reused: list[str] = ()) -> str:
             k: v
             for k, v in s.extra.items()
             if k
-            in ("bytes_per_token", "tokens", "blocks", "near_duplicates", "exact_duplicates", "heldout", "vocab_size")
+            in (
+                "bytes_per_token",
+                "tokens",
+                "blocks",
+                "near_duplicates",
+                "exact_duplicates",
+                "heldout",
+                "vocab_size",
+                "skipped",
+            )
         }
         notes = "; ".join(
             filter(
@@ -307,9 +267,24 @@ def summary_table(stats: list[BlockStats], reused: list[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def load_packed(output_dir: str | Path) -> dict[str, Dataset]:
-    """The packed train / heldout datasets a `prepare` wrote."""
-    folder = next(iter(sorted(Path(output_dir).glob("*-pack"))), None)
+def _last_step(output_dir: str | Path, name: str) -> Path:
+    folder = next(iter(sorted(Path(output_dir).glob(f"*-{name}"))), None)
     if folder is None or not _done(folder):
-        raise FileNotFoundError(f"{output_dir} has no complete pack step; run `hf-pretrain data prepare` first.")
+        raise FileNotFoundError(f"{output_dir} has no complete {name} step; run `hf-pretrain data prepare` first.")
+    return folder
+
+
+def packed_path(output_dir: str | Path, split: str = "train") -> Path:
+    """The folder of the packed `split` a `prepare` wrote (`load_from_disk` loads it)."""
+    return _last_step(output_dir, "pack") / split
+
+
+def load_packed(output_dir: str | Path) -> dict[str, Dataset]:
+    """The packed train / heldout datasets a `prepare` wrote (heldout absent when it was too small to pack)."""
+    folder = _last_step(output_dir, "pack")
     return {split: load_from_disk(str(folder / split)) for split in ("train", "heldout") if (folder / split).exists()}
+
+
+def tokenizer_path(output_dir: str | Path) -> Path:
+    """The folder of the tokenizer a `prepare` wrote (`AutoTokenizer.from_pretrained` loads it)."""
+    return _last_step(output_dir, "tokenizer") / "tokenizer"

@@ -48,134 +48,39 @@ with the types unified over every record (one more `json.loads` of the non-text 
 
 from __future__ import annotations
 
-import bisect
-import codecs
 import functools
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from datasets import Dataset, DatasetDict, Features, IterableDataset, Json, Value, load_dataset, load_from_disk
+from datasets import Dataset, DatasetDict, IterableDataset, load_dataset, load_from_disk
 
-from .blocks import (
-    BYTES_IN,
-    BYTES_OUT,
-    DROP,
-    FIRST,
-    HELPER_COLUMNS,
-    PLACEHOLDER,
-    BlockStats,
-    check_rank,
-    count_and_keep,
-    count_and_keep_streaming,
-    shard_range,
+from .blocks import Block, check_rank, check_text_column, shard_range
+from .records import (  # noqa: F401  (ID_FIELDS, own_id, parse_line, ... re-exported: they were here)
+    BOM,
+    DOC_ID,
+    ID_FIELDS,
+    LINE_SUFFIXES,
+    MAX_BYTES,
+    RECORD,
+    RESERVED,
+    TYPED_SUFFIXES,
+    _mark_rows,
+    _unpack_row,
+    line_features,
+    own_id,
+    parse_line,
+    read_lines,
+    text_reason,
+    unified_features,
+    unpack_fields,
 )
-from .workers import children_die_with_parent
 
-LINE_SUFFIXES = {".jsonl": "json", ".json": "json", ".txt": "text", ".md": "text"}
-TYPED_SUFFIXES = {".parquet": "parquet", ".arrow": "arrow"}
-MAX_BYTES = 10_000_000
-DOC_ID = "doc_id"
-ID_FIELDS = (DOC_ID, "id")  # a record's own id, in this order of preference
-RECORD = "_record"  # a JSON record's other fields, JSON-encoded, until they become columns
-SCHEMA = "_schema"
-RESERVED = (DOC_ID, RECORD, SCHEMA, *HELPER_COLUMNS)
-BOM = codecs.BOM_UTF8
+FILE_SUFFIXES = {**LINE_SUFFIXES, **TYPED_SUFFIXES}
 VERSION = "read-3"  # in the cache key: a new output format never reuses an old cache
-
-
-def text_reason(text: object, max_bytes: int) -> str:
-    """Why `text` is not a document ("" when it is one)."""
-    if not isinstance(text, str):
-        return "not_text"
-    if len(text) * 4 > max_bytes and len(text.encode("utf-8", "surrogatepass")) > max_bytes:
-        return "too_large"
-    return "" if text.strip() else "empty"
-
-
-def own_id(record: dict) -> str | None:
-    """The record's own id as text (`doc_id`, else `id`), or None."""
-    for name in ID_FIELDS:
-        value = record.get(name)
-        if value is not None:
-            return value if isinstance(value, str) else json.dumps(value)
-    return None
-
-
-def _row(text_column: str, text: str, drop: str, size: int, doc_id: str, fields: str = "") -> dict:
-    out_bytes = len(text.encode("utf-8")) if not drop else 0
-    return {
-        text_column: text,
-        DOC_ID: doc_id,
-        RECORD: fields,
-        DROP: drop,
-        FIRST: True,
-        BYTES_IN: size,
-        BYTES_OUT: out_bytes,
-    }
-
-
-def parse_line(line: bytes, kind: str, text_column: str, max_bytes: int, where: str = "") -> dict:
-    """One input line -> a row: the text, its id and other fields, or "" with the reason it is not a document."""
-    size = len(line)
-    if size > max_bytes:
-        return _row(text_column, "", "too_large", size, where)
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError:
-        return _row(text_column, "", "invalid_utf8", size, where)
-    doc_id, fields = where, ""
-    if kind == "json":
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError:
-            return _row(text_column, "", "malformed_json", size, where)
-        if not isinstance(record, dict):
-            return _row(text_column, "", "malformed_json", size, where)
-        if text_column not in record:
-            return _row(text_column, "", "missing_text", size, where)
-        text = record.pop(text_column)
-        doc_id = own_id(record) or where
-        record.pop(DOC_ID, None)  # the doc_id column holds it
-        fields = json.dumps(record) if record else ""
-    reason = text_reason(text, max_bytes)
-    return _row(text_column, "" if reason else text, reason, size, doc_id, "" if reason else fields)
-
-
-def read_lines(files: list[tuple[str, str, int, int]], text_column: str, max_bytes: int):
-    """Rows of line-format `files`: (path, name in ids, size, mtime); size and mtime make the cache key change."""
-    rows = 0
-    for path, name, _, _ in files:
-        kind = LINE_SUFFIXES[Path(path).suffix]
-        with open(path, "rb") as f:
-            for number, line in enumerate(f, start=1):
-                line = line.rstrip(b"\r\n")
-                if line.startswith(BOM):
-                    line = line[len(BOM) :]
-                if kind == "json" and not line.strip():
-                    continue  # blank separator lines of a JSONL file are not documents
-                rows += 1
-                yield parse_line(line, kind, text_column, max_bytes, f"{name}:{number}")
-    if not rows:  # empty or blank files
-        yield {**_row(text_column, "", PLACEHOLDER, 0, ""), FIRST: False}
-
-
-def line_features(text_column: str) -> Features:
-    return Features(
-        {
-            text_column: Value("string"),
-            DOC_ID: Value("string"),
-            RECORD: Value("string"),
-            DROP: Value("string"),
-            FIRST: Value("bool"),
-            BYTES_IN: Value("int64"),
-            BYTES_OUT: Value("int64"),
-        }
-    )
 
 
 def list_files(path: str | Path, field: str = "input") -> tuple[str, list[Path]]:
@@ -187,7 +92,7 @@ def list_files(path: str | Path, field: str = "input") -> tuple[str, list[Path]]
         )
     if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
         return "disk", [path]
-    suffixes = {**LINE_SUFFIXES, **TYPED_SUFFIXES}
+    suffixes = FILE_SUFFIXES
     files = sorted(p for p in (path.rglob("*") if path.is_dir() else [path]) if p.suffix in suffixes and p.is_file())
     kinds = {suffixes[p.suffix] for p in files}
     if not kinds:
@@ -222,111 +127,22 @@ def _described(files: list[str]) -> str:
     return shown + (f" and {len(files) - 3} more" if len(files) > 3 else "")
 
 
-# --- the fields of JSON records as columns -----------------------------------------------------
+class ReadFiles(Block):
+    """Read the documents at `path` (see the module docstring); `stats` counts lines and drops.
 
-
-def _batch_schema(records: list[str]) -> dict:
-    """The Arrow type of each field in a batch of JSON-encoded records (a field of mixed types marked JSON)."""
-    rows = [json.loads(r) if r else {} for r in records]
-    fields = []
-    for name in dict.fromkeys(name for row in rows for name in row):
-        try:
-            fields.append(pa.field(name, pa.array([row.get(name) for row in rows]).type))
-        except (pa.ArrowException, OverflowError, TypeError, ValueError):
-            fields.append(pa.field(name, pa.string(), metadata={b"json": b"1"}))
-    return {SCHEMA: [pa.schema(fields).serialize().to_pybytes()]}
-
-
-def unified_features(schemas: list[pa.Schema]) -> Features:
-    """One feature per field over every batch's schema: unified types, or `Json()` where they cannot be."""
-    by_name: dict[str, list[pa.Field]] = {}
-    for schema in schemas:
-        for f in schema:
-            by_name.setdefault(f.name, []).append(f)
-    features = {}
-    for name, fields in by_name.items():
-        if name in RESERVED:
-            raise ValueError(f"The records have a field {name!r}, a column name the data chain uses itself; rename it.")
-        if any(f.metadata and f.metadata.get(b"json") for f in fields):
-            features[name] = Json()
-            continue
-        try:
-            unified = pa.unify_schemas([pa.schema([f]) for f in fields], promote_options="permissive")
-            features[name] = Features.from_arrow_schema(unified)[name]
-        except (pa.ArrowException, TypeError, ValueError):
-            features[name] = Json()
-    return Features(features)
-
-
-def _fields_as_columns(batch: dict, names: list[str]) -> dict:
-    rows = [json.loads(r) if r else {} for r in batch[RECORD]]
-    return {name: [row.get(name) for row in rows] for name in names}
-
-
-def unpack_fields(data: Dataset, num_proc: int | None = None) -> Dataset:
-    """Turn the JSON-encoded `RECORD` column into one column per field (module docstring: types)."""
-    schemas = data.map(
-        _batch_schema,
-        batched=True,
-        batch_size=1000,
-        input_columns=[RECORD],
-        remove_columns=data.column_names,
-        num_proc=num_proc,
-        desc="read: field types",
-    )
-    fields = unified_features([pa.ipc.read_schema(pa.py_buffer(s)) for s in schemas[SCHEMA]])
-    features = Features({name: f for name, f in data.features.items() if name != RECORD} | fields)
-    return data.map(
-        functools.partial(_fields_as_columns, names=list(fields)),
-        batched=True,
-        remove_columns=[RECORD],
-        features=features,
-        num_proc=num_proc,
-        desc="read: fields",
-    )
-
-
-def _unpack_row(row: dict) -> dict:
-    return json.loads(row[RECORD]) if row[RECORD] else {}
-
-
-# --- typed inputs: Parquet, Arrow, save_to_disk ------------------------------------------------
-
-
-def _mark_rows(*args, inputs: list[str], offset: int, text_column: str, max_bytes: int, starts: list, names: list):
-    """Drop reasons, sizes and ids of a batch of typed rows: `args` are the `inputs` columns, then the row
-    indices (plus `offset`: positions in the whole input, whose files `names` begin at rows `starts`)."""
-    *columns, indices = args
-    batch = dict(zip(inputs, columns))
-    texts = batch[text_column]
-    reasons = [text_reason(t, max_bytes) for t in texts]
-    sizes = [len(t.encode("utf-8", "surrogatepass")) if isinstance(t, str) else 0 for t in texts]
-    ids = []
-    for i, index in enumerate(indices):
-        own = own_id({name: batch[name][i] for name in ID_FIELDS if name in batch})
-        at = bisect.bisect_right(starts, offset + index) - 1
-        ids.append(own or f"{names[at]}[{offset + index - starts[at]}]")
-    return {
-        DOC_ID: ids,
-        DROP: reasons,
-        FIRST: [True] * len(texts),
-        BYTES_IN: sizes,
-        BYTES_OUT: [0 if r else s for r, s in zip(reasons, sizes)],
-    }
-
-
-class ReadFiles:
-    """Read the documents at `path` (see the module docstring); `stats` counts lines and drops."""
+    A block whose input is a path: `mark` turns the files (or a typed dataset, `read_dataset`) into
+    rows with the helper columns, and `Block.run` counts and keeps them like any block's."""
 
     name = "read"
 
     def __init__(self, text_column: str = "text", max_bytes: int = MAX_BYTES):
         if text_column in RESERVED:
             raise ValueError(f"text_column={text_column!r} is a column name the data chain uses itself; rename it.")
+        super().__init__()
         self.text_column, self.max_bytes = text_column, max_bytes
-        self.stats = BlockStats(self.name)
+        self.streaming = False
+        self._source: dict = {}  # of the current run: names/starts of typed input, what finish checks
 
-    @children_die_with_parent()
     def run(
         self,
         path: str | Path,
@@ -335,51 +151,11 @@ class ReadFiles:
         num_proc: int | None = None,
         streaming: bool = False,
     ) -> Dataset | IterableDataset:
-        kind, files = list_files(path)
-        root = Path(path)
-        if kind == "disk":
-            data = load_from_disk(str(files[0]))
-            if not isinstance(data, Dataset):
-                data = data["train"] if "train" in data else next(iter(data.values()))
-            return self.read_dataset(data, root.name, rank, world_size, num_proc, streaming)
-        if kind in TYPED_SUFFIXES.values():
-            data = load_dataset(kind, data_files=[str(p) for p in files], split="train", streaming=streaming)
-            starts = [0]
-            for p in files[:-1]:
-                starts.append(starts[-1] + _rows_in(p, kind))
-            return self.read_dataset(data, _names(root, files), rank, world_size, num_proc, streaming, starts)
-        return self._read_lines(files, _names(root, files), rank, world_size, num_proc, streaming)
+        self.streaming = streaming
+        if not isinstance(path, (str, Path)):  # a loaded dataset: its rows are named by position
+            self._source = {"names": ["input"], "starts": [0]}
+        return super().run(path, rank, world_size, num_proc)
 
-    def _read_lines(self, files, names, rank, world_size, num_proc, streaming) -> Dataset | IterableDataset:
-        self.stats = BlockStats(self.name)
-        start = time.perf_counter()
-        mine = [(str(p), n, p.stat().st_size, p.stat().st_mtime_ns) for p, n in zip(files, names)][rank::world_size]
-        if not mine:
-            raise ValueError(
-                f"rank {rank} of {world_size} has no file to read: {len(files)} file(s) ({_described(names)}); "
-                "use at most as many ranks as files, or split the files."
-            )
-        kwargs = {"files": mine, "text_column": self.text_column, "max_bytes": self.max_bytes}
-        features = line_features(self.text_column)
-        if streaming:
-            rows = IterableDataset.from_generator(read_lines, gen_kwargs=kwargs, features=features)
-            return count_and_keep_streaming(rows, self.stats, start).map(_unpack_row, remove_columns=[RECORD])
-        key = hashlib.sha1(json.dumps({**kwargs, "version": VERSION}, sort_keys=True).encode()).hexdigest()[:16]
-        marked = Dataset.from_generator(
-            read_lines,
-            gen_kwargs=kwargs,
-            features=features,
-            num_proc=min(num_proc, len(mine)) if num_proc else None,
-            fingerprint=key,
-        )
-        has_fields = len(marked) and (pc.max(pc.binary_length(marked.data.column(RECORD))).as_py() or 0) > 0
-        data = count_and_keep(marked, self.stats, num_proc)
-        self._check_something_read(data, [p for p, *_ in mine], "line")
-        data = unpack_fields(data, num_proc) if has_fields else data.remove_columns(RECORD)
-        self.stats.seconds = time.perf_counter() - start
-        return data
-
-    @children_die_with_parent()
     def read_dataset(
         self,
         data: Dataset | IterableDataset,
@@ -392,13 +168,61 @@ class ReadFiles:
     ) -> Dataset | IterableDataset:
         """Rows of a typed input (loaded Parquet, Arrow or save_to_disk data) that are documents, each with a
         `doc_id`; `names` names the input's files, which begin at rows `starts` (one name: the whole input)."""
-        self.stats = BlockStats(self.name)
-        start = time.perf_counter()
-        names, starts = ([names], [0]) if isinstance(names, str) else (names, starts)
+        self.streaming = streaming
+        self._source = {"names": [names] if isinstance(names, str) else names, "starts": starts or [0]}
+        return super().run(data, rank, world_size, num_proc)
+
+    def mark(self, data, rank: int, world_size: int, num_proc: int | None) -> Dataset | IterableDataset:
+        if not isinstance(data, (str, Path)):
+            return self._mark_typed(data, rank, world_size, num_proc)
+        kind, files = list_files(data)
+        root = Path(data)
+        if kind == "disk":
+            loaded = load_from_disk(str(files[0]))
+            if not isinstance(loaded, Dataset):
+                loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
+            self._source = {"names": [root.name], "starts": [0]}
+            return self._mark_typed(loaded, rank, world_size, num_proc)
+        if kind in TYPED_SUFFIXES.values():
+            loaded = load_dataset(kind, data_files=[str(p) for p in files], split="train", streaming=self.streaming)
+            starts = [0]
+            for p in files[:-1]:
+                starts.append(starts[-1] + _rows_in(p, kind))
+            self._source = {"names": _names(root, files), "starts": starts}
+            return self._mark_typed(loaded, rank, world_size, num_proc)
+        return self._mark_lines(files, _names(root, files), rank, world_size, num_proc)
+
+    def _mark_lines(self, files, names, rank, world_size, num_proc) -> Dataset | IterableDataset:
+        mine = [(str(p), n, p.stat().st_size, p.stat().st_mtime_ns) for p, n in zip(files, names)][rank::world_size]
+        if not mine:
+            raise ValueError(
+                f"rank {rank} of {world_size} has no file to read: {len(files)} file(s) ({_described(names)}); "
+                "use at most as many ranks as files, or split the files."
+            )
+        kwargs = {"files": mine, "text_column": self.text_column, "max_bytes": self.max_bytes}
+        features = line_features(self.text_column)
+        self._source = {"read": [p for p, *_ in mine], "unit": "line", "num_proc": num_proc}
+        if self.streaming:
+            return IterableDataset.from_generator(read_lines, gen_kwargs=kwargs, features=features)
+        key = hashlib.sha1(json.dumps({**kwargs, "version": VERSION}, sort_keys=True).encode()).hexdigest()[:16]
+        marked = Dataset.from_generator(
+            read_lines,
+            gen_kwargs=kwargs,
+            features=features,
+            num_proc=min(num_proc, len(mine)) if num_proc else None,
+            fingerprint=key,
+        )
+        record_bytes = pc.max(pc.binary_length(marked.data.column(RECORD))).as_py() if len(marked) else 0
+        self._source["has_fields"] = (record_bytes or 0) > 0
+        return marked
+
+    def _mark_typed(self, data, rank, world_size, num_proc) -> Dataset | IterableDataset:
+        """Typed rows with their drop reasons and ids (`names`, `starts` of the input in `self._source`)."""
+        names, starts = self._source["names"], self._source["starts"]
+        self._source.update(read=names, unit="row")
+        check_text_column(self.name, data, self.text_column)
         columns = data.column_names
-        if columns is not None and self.text_column not in columns:
-            raise ValueError(f"text_column={self.text_column!r} is not in the data; columns are {columns}.")
-        if streaming and isinstance(data, Dataset):
+        if self.streaming and isinstance(data, Dataset):
             data = data.to_iterable_dataset()
         inputs = [c for c in (self.text_column, *ID_FIELDS) if columns is None or c in columns]
         mark = functools.partial(
@@ -414,11 +238,12 @@ class ReadFiles:
             # reads the stream); datasets' split_dataset_by_node would restart the positions in each rank's files.
             check_rank(rank, world_size)
             marked = data.map(functools.partial(mark, offset=0), batched=True, with_indices=True, input_columns=inputs)
-            if world_size > 1:
-                marked = marked.filter(lambda _, i: i % world_size == rank, with_indices=True)
-            return count_and_keep_streaming(marked, self.stats, start)
+            return marked.filter(lambda _, i: i % world_size == rank, with_indices=True) if world_size > 1 else marked
         first, stop = shard_range(len(data), rank, world_size)
-        marked = data.select(range(first, stop)).map(
+        mine = data.select(range(first, stop))
+        if len(mine) == 0:
+            self._check_something_read(mine, names, "row")
+        return mine.map(
             functools.partial(mark, offset=first),
             batched=True,
             with_indices=True,
@@ -426,10 +251,17 @@ class ReadFiles:
             num_proc=num_proc,
             desc="read",
         )
-        kept = count_and_keep(marked, self.stats, num_proc)
-        self._check_something_read(kept, names, "row")
-        self.stats.seconds = time.perf_counter() - start
-        return kept
+
+    def finish(self, kept: Dataset) -> Dataset:
+        """The one error when nothing was read; the fields of JSON records as columns."""
+        source = self._source
+        self._check_something_read(kept, source["read"], source["unit"])
+        if source["unit"] != "line":
+            return kept
+        return unpack_fields(kept, source["num_proc"]) if source["has_fields"] else kept.remove_columns(RECORD)
+
+    def finish_stream(self, kept: IterableDataset) -> IterableDataset:
+        return kept.map(_unpack_row, remove_columns=[RECORD]) if self._source["unit"] == "line" else kept
 
     def _check_something_read(self, data: Dataset, files: list[str], unit: str) -> None:
         """The one error when no document came out: the files, what was dropped and the fix."""

@@ -122,14 +122,23 @@ def train_tokenizer(
 
     tokenizer = train_bpe_tokenizer(texts(), vocab_size, min_frequency)
     tokenizer.save_pretrained(str(out_dir))
-    sample = [t for t in (heldout_texts or []) if valid_utf8(t)][:1000]
-    source = "held-out"
-    if not sample:  # no held-out text given: measure on the first training texts (says so)
-        sample, source = [t for t in data[:200][text_column] if isinstance(t, str) and valid_utf8(t)], "train"
     stats.extra.update(
-        vocab_size=len(tokenizer),
-        bytes_per_token=round(bytes_per_token(tokenizer, sample), 3) if sample else None,
-        bytes_per_token_on=source,
+        vocab_size=len(tokenizer), **measure_bytes_per_token(tokenizer, heldout_texts, data, text_column)
     )
     stats.seconds = time.perf_counter() - start
     return tokenizer, stats
+
+
+def measure_bytes_per_token(
+    tokenizer: PreTrainedTokenizerFast, heldout_texts: list[str] | None, data: Dataset, text_column: str = "text"
+) -> dict:
+    """`bytes_per_token` on up to 1000 held-out texts, or on the first 200 of `data` when there are none
+    (`bytes_per_token_on` says which)."""
+    sample = [t for t in (heldout_texts or []) if isinstance(t, str) and valid_utf8(t)][:1000]
+    source = "held-out"
+    if not sample:  # no held-out text given: measure on the first training texts (says so)
+        sample, source = [t for t in data[:200][text_column] if isinstance(t, str) and valid_utf8(t)], "train"
+    return {
+        "bytes_per_token": round(bytes_per_token(tokenizer, sample), 3) if sample else None,
+        "bytes_per_token_on": source,
+    }

@@ -78,22 +78,30 @@ class TrialSpec:
 
 
 def prepare_trial_data(config, out_dir: Path, seq_len: int) -> tuple[Path, int]:
-    """Packed blocks of the embedded corpus with a BPE sized for the config, shared by every recipe; and its EOS id."""
-    from ..data import load_or_train_tokenizer, load_text_dataset, pack_dataset, write_embedded_corpus
+    """Packed blocks of the embedded corpus with a BPE sized for the config, shared by every recipe; and its EOS id.
+
+    The data chain of `hf-pretrain data prepare` (`run_pipeline`) without clean and dedup: the recipes are
+    compared on the same blocks, whatever they hold."""
+    from transformers import AutoTokenizer
+
+    from ..data.corpus import write_embedded_corpus
+    from ..data.pipeline import PipelineConfig, packed_path, run_pipeline, tokenizer_path
 
     data_dir = out_dir / "data"
     corpus = write_embedded_corpus(data_dir / "corpus")
-    splits = load_text_dataset(corpus["train"].parent)
-    tokenizer, _ = load_or_train_tokenizer(
-        data_dir / "tokenizer", splits["train"]["text"], min(config.vocab_size, 8192)
+    prepared = data_dir / "prepared"
+    pipeline = PipelineConfig(
+        input=str(corpus["train"].parent),
+        output_dir=str(prepared),
+        heldout_fraction=0.05,
+        clean=None,
+        dedup=None,
+        tokenizer={"vocab_size": min(config.vocab_size, 8192)},
+        pack={"seq_len": seq_len, "mode": "concat"},
     )
-    if tokenizer.eos_token_id is None:
-        raise ValueError(
-            f"the trial tokenizer in {data_dir / 'tokenizer'} has no eos_token: documents cannot be packed"
-        )
-    packed, _ = pack_dataset(splits["train"], tokenizer, seq_len, data_dir / "packed")
-    packed.save_to_disk(str(data_dir / "blocks"))
-    return data_dir / "blocks", tokenizer.eos_token_id
+    run_pipeline(pipeline, verbose=False)
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path(prepared)))
+    return packed_path(prepared, "train"), tokenizer.eos_token_id
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -1,7 +1,7 @@
 """Where the training data stands, saved with every checkpoint and restored on resume.
 
 Two kinds of data, one record (`hf_pretrain_state.json`, keys `data` and `stream`):
-- a map-style dataset: `ResumableSampler` (data/sampler.py) draws the order the Trainer already
+- a map-style dataset: `ResumableSampler` (training/sampler.py) draws the order the Trainer already
   uses; the position is the sample of the epoch's permutation reached (with the batch geometry and
   the dataset's length, seed and fingerprint to check it against). On resume the sampler starts
   there and the Trainer's batch skipping becomes a no-op. Another geometry or dataset warns and
@@ -22,7 +22,7 @@ import transformers.trainer as hf_trainer
 from torch.utils.data import RandomSampler
 from transformers.utils import logging
 
-from ..data.sampler import ResumableSampler
+from .sampler import ResumableSampler
 from .stream_position import EpochAligned, StreamPositions
 
 logger = logging.get_logger(__name__)

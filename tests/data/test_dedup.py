@@ -7,26 +7,17 @@ import numpy as np
 import pytest
 from datasets import Dataset, IterableDataset
 
-from hf_pretrain.data.dedup import (
-    EXACT,
-    NEAR,
-    PRIME,
-    REASONS,
-    ExactDedup,
-    MinHashDedup,
-    _word_hashes,
+from hf_pretrain.data.dedup import EXACT, NEAR, REASONS, ExactDedup, MinHashDedup
+from hf_pretrain.data.lsh import (
     candidate_pairs,
     candidate_probability,
     estimated_jaccard,
     lsh_params,
-    minhash_signatures,
     near_duplicate_roots,
-    permutations,
     s_curve_table,
-    shingle_hashes,
-    split_words,
     union_find_roots,
 )
+from hf_pretrain.data.minhash import PRIME, _word_hashes, minhash_signatures, permutations, shingle_hashes, split_words
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -137,3 +137,60 @@ def test_bad_input_is_one_line_naming_the_path_or_the_key(tmp_path, capsys):
         assert main(["data", "prepare", str(tmp_path / "p.json")]) == 2
         assert error_line(capsys).startswith(f"error: {tmp_path / 'p.json'}: {expected}")
         assert not out.exists()  # refused before any data work
+
+
+def test_a_step_runs_again_when_its_settings_or_input_change(tmp_path, capsys):
+    """Steps are reused under the same key only: a new `pack` section re-packs, an edited input file re-reads."""
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps({"text": d}) + "\n" for d in embedded_documents()[:120]))
+    config = {
+        "input": str(raw),
+        "output_dir": str(tmp_path / "out"),
+        "heldout_fraction": 0.1,
+        "dedup": {"verbose": False},
+        "tokenizer": {"vocab_size": 300},
+        "pack": {"seq_len": 128, "mode": "concat"},
+    }
+    (tmp_path / "p.json").write_text(json.dumps(config))
+    assert main(["data", "prepare", str(tmp_path / "p.json")]) == 0
+    assert len(load_packed(tmp_path / "out")["train"][0]["input_ids"]) == 128
+    (tmp_path / "p.json").write_text(json.dumps({**config, "pack": {"seq_len": 64, "mode": "concat"}}))
+    capsys.readouterr()
+    assert main(["data", "prepare", str(tmp_path / "p.json")]) == 0
+    assert "reused: read, clean, dedup, split, tokenizer)" in capsys.readouterr().out
+    assert len(load_packed(tmp_path / "out")["train"][0]["input_ids"]) == 64  # not the 128-token blocks
+    with raw.open("a") as f:
+        f.write(json.dumps({"text": " ".join(["a new document with enough words to be kept"] * 8)}) + "\n")
+    assert main(["data", "prepare", str(tmp_path / "p.json")]) == 0
+    assert "reused" not in capsys.readouterr().out  # the read changed, so every later step ran again
+    stats = {s["block"]: s for s in json.loads((tmp_path / "out" / "stats.json").read_text())}
+    assert stats["read"]["documents_in"] == 121
+
+
+def test_a_heldout_split_too_small_for_one_block_is_left_unpacked_with_the_reason(tmp_path):
+    """The input's own `validation` split is the held-out one (not re-split by hash); too short for a block."""
+    from datasets import Dataset, DatasetDict
+
+    from hf_pretrain.data.pipeline import PipelineConfig, run_pipeline
+
+    train = Dataset.from_dict({"text": embedded_documents()[:80], "id": [f"t{i}" for i in range(80)]})
+    held = Dataset.from_dict({"text": ["a short held-out text"], "id": ["h0"]})
+    DatasetDict(train=train, validation=held).save_to_disk(str(tmp_path / "saved"))
+    config = PipelineConfig(
+        input=str(tmp_path / "saved"),
+        output_dir=str(tmp_path / "out"),
+        clean=None,
+        dedup={"verbose": False},
+        tokenizer={"vocab_size": 300},
+        pack={"seq_len": 64, "mode": "concat"},
+    )
+    stats = {s.block: s for s in run_pipeline(config, verbose=False)}
+    assert stats["read"].documents_out == 80 and stats["read heldout"].documents_out == 1
+    assert stats["split"].extra == {
+        "train": stats["minhash_dedup train"].documents_out,
+        "heldout": 1,
+        "heldout_fraction": None,
+    }
+    assert "exact_dedup heldout" in stats  # every document block ran on each split
+    assert stats["pack heldout"].extra["skipped"].startswith("No 64-token block could be packed from 1 documents")
+    assert set(load_packed(tmp_path / "out")) == {"train"}

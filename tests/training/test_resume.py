@@ -16,8 +16,8 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
 from hf_pretrain import PretrainForCausalLM, PretrainTrainer
-from hf_pretrain.data.sampler import ResumableSampler
 from hf_pretrain.training.checkpoints import RUN_STATE_NAME
+from hf_pretrain.training.sampler import ResumableSampler
 from tests.conftest import quick_args, small_config
 from tests.training.test_trainer import dataset
 

@@ -1,0 +1,135 @@
+"""`PipelineConfig`: the settings of the data chain (`hf-pretrain data prepare CONFIG`), checked before any data is read.
+
+One field per global setting and one section per step (`clean`, `perplexity`, `dedup`,
+`tokenizer`, `pack`); a section set to `None` (`null` in the JSON file) skips its step. Each
+section is checked against the keyword arguments of the block it configures (`settable_keys`), so
+an unknown key is one line naming the section and the valid keys, and a value the block refuses is
+its own error prefixed with the section. `pipeline.py` runs the steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .blocks import check_rank
+from .split import check_fraction
+
+
+@dataclass
+class PipelineConfig:
+    input: str
+    output_dir: str
+    text_column: str = "text"
+    num_proc: int | None = None
+    rank: int = 0
+    world_size: int = 1
+    max_bytes: int = 10_000_000
+    heldout_fraction: float = 0.01
+    clean: dict | None = field(default_factory=dict)  # CleanConfig fields; {} = defaults
+    perplexity: dict | None = None  # {"model_path": ..., "threshold": 1500, ...}
+    dedup: dict | None = field(default_factory=dict)  # {"exact": true, "threshold": 0.8, "num_perm": 128, ...}
+    tokenizer: dict | None = field(default_factory=lambda: {"vocab_size": 32768})  # or {"path": existing}
+    pack: dict | None = field(default_factory=lambda: {"seq_len": 4096, "mode": "best_fit"})
+
+    def __post_init__(self):
+        """Every section checked before any data is read: unknown keys, missing ones, values the blocks refuse."""
+        check_rank(self.rank, self.world_size)
+        if self.num_proc is not None and self.num_proc < 1:
+            raise ValueError(f"num_proc={self.num_proc}: use a number of worker processes >= 1, or null.")
+        check_fraction(self.heldout_fraction)
+        for name, check in (
+            ("clean", _check_clean),
+            ("perplexity", _check_perplexity),
+            ("dedup", _check_dedup),
+            ("tokenizer", _check_tokenizer),
+            ("pack", _check_pack),
+        ):
+            values = getattr(self, name)
+            if values is None:
+                continue
+            try:
+                check(values)
+            except (TypeError, ValueError) as err:  # a value a block refuses: name the section
+                raise ValueError(str(err) if str(err).startswith("section") else f"section {name!r}: {err}") from None
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> PipelineConfig:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"config file {str(path)!r} does not exist; pass the JSON file of the pipeline.")
+        try:
+            values = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not valid JSON: {err}.") from None
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: expected a JSON object of PipelineConfig fields, not {type(values).__name__}.")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown field(s) {unknown}; the fields are {sorted(known)}.")
+        missing = [name for name in ("input", "output_dir") if name not in values]
+        if missing:
+            raise ValueError(f"{path}: missing field(s) {missing}.")
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}: {err}") from None
+
+
+def _check_clean(values) -> None:
+    from .clean import CleanConfig
+
+    CleanConfig(**check_section("clean", values, settable_keys(CleanConfig)))
+
+
+def _check_perplexity(values) -> None:
+    from .perplexity import PerplexityFilter  # torch: imported only when the step is on
+
+    check_section("perplexity", values, settable_keys(PerplexityFilter), required=("model_path",))
+
+
+def _check_dedup(values) -> None:
+    from .dedup import MinHashDedup
+
+    options = dict(check_section("dedup", values, {"exact", "minhash", *settable_keys(MinHashDedup)}))
+    options.pop("exact", None)
+    if options.pop("minhash", True):
+        MinHashDedup(**{**options, "verbose": False})
+
+
+def _check_tokenizer(values) -> None:
+    keys = ("path",) if isinstance(values, dict) and "path" in values else ("vocab_size", "min_frequency")
+    check_section("tokenizer", values, keys, required=keys[:1])
+
+
+def _check_pack(values) -> None:
+    from .packing import MODES, Pack, check_seq_len
+
+    check_section("pack", values, settable_keys(Pack, "tokenizer"))
+    check_seq_len(values.get("seq_len", 4096))
+    if values.get("mode", "best_fit") not in MODES:
+        raise ValueError(f"mode={values['mode']!r} is invalid; use one of {list(MODES)}.")
+
+
+def settable_keys(owner, *also_internal: str) -> set[str]:
+    """The keyword arguments a config section may set for `owner` (a dataclass or a block's __init__)."""
+    if dataclasses.is_dataclass(owner):
+        return {f.name for f in dataclasses.fields(owner)}
+    internal = {"self", "text_column", *also_internal}
+    return set(inspect.signature(owner.__init__).parameters) - internal
+
+
+def check_section(name: str, values, valid, required: tuple[str, ...] = ()) -> dict:
+    """`values` if it is an object of known keys holding the `required` ones; else the one-line error."""
+    if not isinstance(values, dict):
+        raise ValueError(f"section {name!r} must be an object of settings or null (skips the step), not {values!r}.")
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ValueError(f"section {name!r} has unknown key(s) {unknown}; valid keys are {sorted(valid)}.")
+    missing = [key for key in required if key not in values]
+    if missing:
+        raise ValueError(f"section {name!r} lacks {missing}; valid keys are {sorted(valid)}.")
+    return values

@@ -1,0 +1,215 @@
+"""What the reader makes of one line or row: a document with its fields and `doc_id`, or a reason to drop it.
+
+`parse_line` turns one line of a JSON Lines or text file into a row (text, `doc_id`, the other
+fields JSON-encoded, and the helper columns of `blocks.py` with the drop reason); `read_lines`
+yields the rows of a list of files; `_mark_rows` marks a batch of typed rows (Parquet, Arrow,
+`save_to_disk`). `unpack_fields` then turns the JSON-encoded fields into one column per field,
+with the types unified over every record (`unified_features`; a field whose values cannot be
+unified is kept as `datasets.Json`). The reasons and the id rules are in `read.py`'s docstring.
+"""
+
+from __future__ import annotations
+
+import bisect
+import codecs
+import functools
+import json
+from pathlib import Path
+
+import pyarrow as pa
+from datasets import Dataset, Features, Json, Value
+
+from .blocks import BYTES_IN, BYTES_OUT, DROP, FIRST, HELPER_COLUMNS, PLACEHOLDER
+
+LINE_SUFFIXES = {".jsonl": "json", ".json": "json", ".txt": "text", ".md": "text"}
+TYPED_SUFFIXES = {".parquet": "parquet", ".arrow": "arrow"}
+MAX_BYTES = 10_000_000
+DOC_ID = "doc_id"
+ID_FIELDS = (DOC_ID, "id")  # a record's own id, in this order of preference
+RECORD = "_record"  # a JSON record's other fields, JSON-encoded, until they become columns
+SCHEMA = "_schema"
+RESERVED = (DOC_ID, RECORD, SCHEMA, *HELPER_COLUMNS)
+BOM = codecs.BOM_UTF8
+
+
+def text_reason(text: object, max_bytes: int) -> str:
+    """Why `text` is not a document ("" when it is one)."""
+    if not isinstance(text, str):
+        return "not_text"
+    if len(text) * 4 > max_bytes and len(text.encode("utf-8", "surrogatepass")) > max_bytes:
+        return "too_large"
+    return "" if text.strip() else "empty"
+
+
+def own_id(record: dict) -> str | None:
+    """The record's own id as text (`doc_id`, else `id`), or None."""
+    for name in ID_FIELDS:
+        value = record.get(name)
+        if value is not None:
+            return value if isinstance(value, str) else json.dumps(value)
+    return None
+
+
+def _row(text_column: str, text: str, drop: str, size: int, doc_id: str, fields: str = "") -> dict:
+    out_bytes = len(text.encode("utf-8")) if not drop else 0
+    return {
+        text_column: text,
+        DOC_ID: doc_id,
+        RECORD: fields,
+        DROP: drop,
+        FIRST: True,
+        BYTES_IN: size,
+        BYTES_OUT: out_bytes,
+    }
+
+
+def parse_line(line: bytes, kind: str, text_column: str, max_bytes: int, where: str = "") -> dict:
+    """One input line -> a row: the text, its id and other fields, or "" with the reason it is not a document."""
+    size = len(line)
+    if size > max_bytes:
+        return _row(text_column, "", "too_large", size, where)
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return _row(text_column, "", "invalid_utf8", size, where)
+    doc_id, fields = where, ""
+    if kind == "json":
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError:
+            return _row(text_column, "", "malformed_json", size, where)
+        if not isinstance(record, dict):
+            return _row(text_column, "", "malformed_json", size, where)
+        if text_column not in record:
+            return _row(text_column, "", "missing_text", size, where)
+        text = record.pop(text_column)
+        doc_id = own_id(record) or where
+        record.pop(DOC_ID, None)  # the doc_id column holds it
+        fields = json.dumps(record) if record else ""
+    reason = text_reason(text, max_bytes)
+    return _row(text_column, "" if reason else text, reason, size, doc_id, "" if reason else fields)
+
+
+def read_lines(files: list[tuple[str, str, int, int]], text_column: str, max_bytes: int):
+    """Rows of line-format `files`: (path, name in ids, size, mtime); size and mtime make the cache key change."""
+    rows = 0
+    for path, name, _, _ in files:
+        kind = LINE_SUFFIXES[Path(path).suffix]
+        with open(path, "rb") as f:
+            for number, line in enumerate(f, start=1):
+                line = line.rstrip(b"\r\n")
+                if line.startswith(BOM):
+                    line = line[len(BOM) :]
+                if kind == "json" and not line.strip():
+                    continue  # blank separator lines of a JSONL file are not documents
+                rows += 1
+                yield parse_line(line, kind, text_column, max_bytes, f"{name}:{number}")
+    if not rows:  # empty or blank files
+        yield {**_row(text_column, "", PLACEHOLDER, 0, ""), FIRST: False}
+
+
+def line_features(text_column: str) -> Features:
+    return Features(
+        {
+            text_column: Value("string"),
+            DOC_ID: Value("string"),
+            RECORD: Value("string"),
+            DROP: Value("string"),
+            FIRST: Value("bool"),
+            BYTES_IN: Value("int64"),
+            BYTES_OUT: Value("int64"),
+        }
+    )
+
+
+# --- the fields of JSON records as columns -----------------------------------------------------
+
+
+def _batch_schema(records: list[str]) -> dict:
+    """The Arrow type of each field in a batch of JSON-encoded records (a field of mixed types marked JSON)."""
+    rows = [json.loads(r) if r else {} for r in records]
+    fields = []
+    for name in dict.fromkeys(name for row in rows for name in row):
+        try:
+            fields.append(pa.field(name, pa.array([row.get(name) for row in rows]).type))
+        except (pa.ArrowException, OverflowError, TypeError, ValueError):
+            fields.append(pa.field(name, pa.string(), metadata={b"json": b"1"}))
+    return {SCHEMA: [pa.schema(fields).serialize().to_pybytes()]}
+
+
+def unified_features(schemas: list[pa.Schema]) -> Features:
+    """One feature per field over every batch's schema: unified types, or `Json()` where they cannot be."""
+    by_name: dict[str, list[pa.Field]] = {}
+    for schema in schemas:
+        for f in schema:
+            by_name.setdefault(f.name, []).append(f)
+    features = {}
+    for name, fields in by_name.items():
+        if name in RESERVED:
+            raise ValueError(f"The records have a field {name!r}, a column name the data chain uses itself; rename it.")
+        if any(f.metadata and f.metadata.get(b"json") for f in fields):
+            features[name] = Json()
+            continue
+        try:
+            unified = pa.unify_schemas([pa.schema([f]) for f in fields], promote_options="permissive")
+            features[name] = Features.from_arrow_schema(unified)[name]
+        except (pa.ArrowException, TypeError, ValueError):
+            features[name] = Json()
+    return Features(features)
+
+
+def _fields_as_columns(batch: dict, names: list[str]) -> dict:
+    rows = [json.loads(r) if r else {} for r in batch[RECORD]]
+    return {name: [row.get(name) for row in rows] for name in names}
+
+
+def unpack_fields(data: Dataset, num_proc: int | None = None) -> Dataset:
+    """Turn the JSON-encoded `RECORD` column into one column per field (module docstring: types)."""
+    schemas = data.map(
+        _batch_schema,
+        batched=True,
+        batch_size=1000,
+        input_columns=[RECORD],
+        remove_columns=data.column_names,
+        num_proc=num_proc,
+        desc="read: field types",
+    )
+    fields = unified_features([pa.ipc.read_schema(pa.py_buffer(s)) for s in schemas[SCHEMA]])
+    features = Features({name: f for name, f in data.features.items() if name != RECORD} | fields)
+    return data.map(
+        functools.partial(_fields_as_columns, names=list(fields)),
+        batched=True,
+        remove_columns=[RECORD],
+        features=features,
+        num_proc=num_proc,
+        desc="read: fields",
+    )
+
+
+def _unpack_row(row: dict) -> dict:
+    return json.loads(row[RECORD]) if row[RECORD] else {}
+
+
+# --- typed inputs: Parquet, Arrow, save_to_disk ------------------------------------------------
+
+
+def _mark_rows(*args, inputs: list[str], offset: int, text_column: str, max_bytes: int, starts: list, names: list):
+    """Drop reasons, sizes and ids of a batch of typed rows: `args` are the `inputs` columns, then the row
+    indices (plus `offset`: positions in the whole input, whose files `names` begin at rows `starts`)."""
+    *columns, indices = args
+    batch = dict(zip(inputs, columns))
+    texts = batch[text_column]
+    reasons = [text_reason(t, max_bytes) for t in texts]
+    sizes = [len(t.encode("utf-8", "surrogatepass")) if isinstance(t, str) else 0 for t in texts]
+    ids = []
+    for i, index in enumerate(indices):
+        own = own_id({name: batch[name][i] for name in ID_FIELDS if name in batch})
+        at = bisect.bisect_right(starts, offset + index) - 1
+        ids.append(own or f"{names[at]}[{offset + index - starts[at]}]")
+    return {
+        DOC_ID: ids,
+        DROP: reasons,
+        FIRST: [True] * len(texts),
+        BYTES_IN: sizes,
+        BYTES_OUT: [0 if r else s for r, s in zip(reasons, sizes)],
+    }
