@@ -19,6 +19,7 @@ after the planted SIGKILL the launch must tear down within `teardown_s`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -156,9 +157,16 @@ def free_port() -> int:
 
 
 def environment() -> dict[str, str]:
+    """The launch's environment: the repository importable, one thread per rank, offline hubs; and DeepSpeed's
+    JIT-built ops (its CPU shared-memory all-reduce, built at its first `init_distributed`) cached per Python
+    environment. torch keeps one cache per user and rebuilds an op whenever another environment built it last
+    (minutes on 2 cores each time); an explicit TORCH_EXTENSIONS_DIR is kept."""
     root = str(Path.cwd())
     path = os.environ.get("PYTHONPATH")
+    prefix = hashlib.sha256(sys.prefix.encode()).hexdigest()[:10]
+    extensions = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions" / prefix)
     return {
+        "TORCH_EXTENSIONS_DIR": extensions,
         **os.environ,
         "PYTHONPATH": root + (os.pathsep + path if path else ""),
         "OMP_NUM_THREADS": "1",
