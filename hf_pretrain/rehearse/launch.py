@@ -224,10 +224,15 @@ def read_records(record_dir: Path) -> list[dict]:
 
 
 def _stop(processes: list[subprocess.Popen]) -> None:
+    """SIGKILL each launcher and every process under it (torchrun starts its workers in their own sessions)."""
+    import psutil  # a dependency of accelerate
+
     for process in processes:
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, 9)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            tree = psutil.Process(process.pid).children(recursive=True)
+            for child in [psutil.Process(process.pid), *tree]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
     for process in processes:
         process.wait()
 
