@@ -176,6 +176,30 @@ def environment() -> dict[str, str]:
     }
 
 
+BUILD_DEEPSPEED_OPS = """
+from deepspeed.accelerator import get_accelerator
+builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+if builder is not None:
+    builder.load()
+"""
+
+
+def build_deepspeed_ops(timeout_s: float = 1200.0) -> None:
+    """Build DeepSpeed's CPU shared-memory comm op before the runs (each rank builds it at `init_distributed`
+    otherwise, inside the run's time limit: minutes on 2 busy cores the first time, cached after). A lock left by
+    a build that was killed would make every later build wait forever: one older than `timeout_s` is removed."""
+    env = environment()
+    for lock in Path(env["TORCH_EXTENSIONS_DIR"]).glob("*/lock"):
+        if time.time() - lock.stat().st_mtime > timeout_s:
+            lock.unlink(missing_ok=True)
+    result = subprocess.run(
+        [sys.executable, "-c", BUILD_DEEPSPEED_OPS], env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+    if result.returncode != 0:
+        error = (result.stderr.strip().splitlines() or ["?"])[-1]
+        raise RuntimeError(f"DeepSpeed's CPU comm op does not build here: {error}")
+
+
 def launch_commands(topology: Topology, config_file: Path, target: list[str]) -> list[list[str]]:
     """One `accelerate launch` per node, all on one free port."""
     port = str(free_port())

@@ -37,10 +37,14 @@ def checklist(rehearsal: Rehearsal) -> str:
     return "\n".join(lines)
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
 def write_markdown(rehearsal: Rehearsal) -> Path:
     out = rehearsal.request.out
     rows = [
-        f"| {check.name} | {MARK[check.status]} | {check.detail.replace('|', '/')} | {check.fix.replace('|', '/')} |"
+        f"| {check.name} | {MARK[check.status]} | {_cell(check.detail)} | {_cell(check.fix)} |"
         for check in rehearsal.checks
     ]
     runs = [

@@ -21,7 +21,16 @@ from pathlib import Path
 import yaml
 
 from . import checks
-from .launch import PROBE, RunResult, Topology, UserLaunch, launch_commands, rehearsal_config, run_launch
+from .launch import (
+    PROBE,
+    RunResult,
+    Topology,
+    UserLaunch,
+    build_deepspeed_ops,
+    launch_commands,
+    rehearsal_config,
+    run_launch,
+)
 from .shrink import script_arguments, write_tiny_model
 
 
@@ -91,6 +100,8 @@ def rehearse(request: RehearsalRequest) -> Rehearsal:
         _, model = write_tiny_model(request.launch.script_args, request.seq_len, out / "model")
     _, notes = script_arguments(request.launch.script_args, out, 1, 1, None, None, out, request.dataset_path)
     rehearsal = Rehearsal(request, topology, model, topology.notes + notes + request.launch.ignored)
+    if topology.deepspeed_file is not None:
+        build_deepspeed_ops()  # once per Python environment; not counted against the runs' time limit
 
     straight = _run(request, topology, "straight", out / "runs" / "straight" / "run", 0)
     killed_dir = out / "runs" / "killed" / "run"
