@@ -135,8 +135,9 @@ def test_the_shipped_configs_pass(tmp_path, monkeypatch, config):
 @pytest.mark.distributed
 def test_fsdp2_on_cpu(tmp_path, monkeypatch):
     pytest.skip(
-        "FSDP2 (fully_shard) under accelerate on gloo CPU ranks is not available on this branch: the CPU FSDP2 config "
-        "is being added on another branch; rehearse accepts fsdp configs (test_the_shipped_configs_become_...)"
+        "not rehearsed on this branch: the CPU FSDP2 accelerate config is added on another branch, and FSDP2 on gloo "
+        "CPU ranks was not tried here; rehearse reads FSDP configs (test_the_shipped_configs_become_two_cpu_processes...) "
+        "and names a SHARDED_STATE_DICT final save as the reason a consolidated save fails"
     )
 
 
@@ -169,3 +170,16 @@ def test_a_script_that_does_not_resume_its_data_position_fails_resume(tmp_path, 
     check = checks["resume exactness"]
     assert check.status == "failed" and "data position" in check.detail
     assert checks["data sharding"].status == "passed"
+
+
+def test_a_missing_consolidated_save_is_explained_by_the_config_that_caused_it(tmp_path):
+    from hf_pretrain.rehearse.checks import consolidated_save
+
+    (tmp_path / "run").mkdir()
+    straight = RunResult("straight", [0, 0], 1.0, tmp_path / "launch.log", [_record(0, {}), _record(1, {})])
+    fsdp = consolidated_save(straight, rehearsal_config(CONFIGS / "fsdp2_8gpu.yaml"), tmp_path)
+    assert fsdp.status == "failed" and "SHARDED_STATE_DICT" in fsdp.detail and "FULL_STATE_DICT" in fsdp.fix
+    zero3 = consolidated_save(straight, rehearsal_config(HERE / "zero3_no_gather.yaml"), tmp_path)
+    assert "stage3_gather_16bit_weights_on_model_save is false" in zero3.detail
+    ddp = consolidated_save(straight, rehearsal_config(CONFIGS / "cpu_2proc.yaml"), tmp_path)
+    assert "no model weights" in ddp.detail and "save_model" in ddp.fix
