@@ -11,6 +11,7 @@ from hf_pretrain import get_preset
 from hf_pretrain.rehearse import RehearsalRequest, rehearse
 from hf_pretrain.rehearse.checks import data_sharding, resume
 from hf_pretrain.rehearse.launch import RunResult, parse_launch, read_launch_file, rehearsal_config
+from hf_pretrain.rehearse.report import checklist, write_markdown
 from hf_pretrain.rehearse.shrink import flag_value, script_arguments, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,6 +116,8 @@ def rehearsal(tmp_path, monkeypatch, config: Path, script: str = "examples/pretr
     launch = parse_launch(["--config_file", str(config), script, *script_args])
     request = RehearsalRequest(launch, out=tmp_path, steps=6, save_steps=2, kill_at=5, timeout_s=400)
     result = rehearse(request)
+    write_markdown(result)
+    print(checklist(result))  # with -s: the checklist as the command prints it
     return result, {check.name: check for check in result.checks}
 
 
