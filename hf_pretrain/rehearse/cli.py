@@ -13,6 +13,7 @@ from .run import RehearsalRequest, rehearse
 def cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="hf-pretrain rehearse",
+        allow_abbrev=False,
         description="Dress-rehearse a multi-node launch on this CPU: rendezvous, data sharding, checkpoint, kill -9, "
         "resume exactness, consolidated save and export (docs/rehearse.md).",
         usage="hf-pretrain rehearse [options] (--launch-file launch.sh | accelerate launch --config_file C SCRIPT ARGS)",
@@ -30,7 +31,8 @@ def cli(argv: list[str]) -> int:
     )
     parser.add_argument("--dataset-path", default=None, help="data to rehearse on instead of the launch's")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds allowed to each run (default 300)")
-    args, launch = parser.parse_known_args(argv)
+    at = next((i for i in range(len(argv)) if argv[i : i + 2] == ["accelerate", "launch"]), len(argv))
+    args, launch = parser.parse_args(argv[:at]), argv[at:]  # the launch's own flags never reach this parser
     if args.launch_file:
         if launch:
             raise ValueError("give the launch either as --launch-file or as the command, not both.")

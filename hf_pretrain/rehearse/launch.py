@@ -75,9 +75,12 @@ def parse_launch(words: list[str]) -> UserLaunch:
             skip = True
         else:
             kept.append(word)
-    if not any(not w.startswith("-") for w in kept):
+    if not any(w.endswith(".py") for w in kept):
         kept.append("examples/pretrain.py")
-    parsed = launch_command_parser().parse_args(kept)
+    try:
+        parsed = launch_command_parser().parse_args(kept)
+    except SystemExit:  # argparse printed what it could not read
+        raise ValueError(f"cannot read the launch {shlex.join(words)!r} as `accelerate launch` arguments") from None
     if not parsed.config_file:
         raise ValueError("the launch has no --config_file: rehearse needs the accelerate config of the real run.")
     config = Path(parsed.config_file)

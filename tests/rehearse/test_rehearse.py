@@ -186,3 +186,12 @@ def test_a_missing_consolidated_save_is_explained_by_the_config_that_caused_it(t
     assert "stage3_gather_16bit_weights_on_model_save is false" in zero3.detail
     ddp = consolidated_save(straight, rehearsal_config(CONFIGS / "cpu_2proc.yaml"), tmp_path)
     assert "no model weights" in ddp.detail and "save_model" in ddp.fix
+
+
+def test_the_command_line_leaves_the_launch_flags_to_the_launch(capsys):
+    from hf_pretrain.cli import main
+
+    assert main(["rehearse", "--steps", "3", "accelerate", "launch", "--config_file", "nowhere.yaml"]) == 2
+    assert "--config_file nowhere.yaml: no such file" in capsys.readouterr().err
+    assert main(["rehearse", "--out", "x"]) == 2
+    assert "no launch given" in capsys.readouterr().err
