@@ -51,6 +51,8 @@ def rendezvous(run: RunResult, topology: Topology) -> Check:
             "for the rendezvous address, port and versions of every rank",
         )
     nodes = len({r["node"] for r in records})
+    if nodes != topology.nodes:
+        return Check(name, "failed", f"the ranks ran on {nodes} node(s), the config asks for {topology.nodes}", "")
     first = min(r["begin_time"] for r in records)
     return Check(
         name,
@@ -200,7 +202,7 @@ def resume(straight: RunResult, resumed: RunResult | None, start: int | None) ->
     worst, where = 0.0, None
     for record in resumed.records:
         for step, value in record["losses"].items():
-            gap = abs(value - losses[(record["rank"], step)])
+            gap = abs(value - losses.get((record["rank"], step), float("inf")))
             if gap > worst:
                 worst, where = gap, (record["rank"], step)
     if worst > LOSS_TOLERANCE:
