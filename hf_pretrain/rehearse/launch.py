@@ -91,7 +91,7 @@ def parse_launch(words: list[str]) -> UserLaunch:
         raise ValueError(f"training script {script}: no such file (run rehearse from where you launch).")
     for flag in ("num_processes", "num_machines", "mixed_precision", "main_process_ip", "main_process_port"):
         if getattr(parsed, flag, None) not in (None, False):
-            ignored.append(f"--{flag} {getattr(parsed, flag)}")
+            ignored.append(f"--{flag} {getattr(parsed, flag)} of the launch not applied (the rehearsal sets it)")
     return UserLaunch(config, script, list(parsed.training_script_args), ignored)
 
 
