@@ -307,6 +307,8 @@ def main(argv: list[str] | None = None) -> dict:
             heldout_perplexity=math.exp(metrics["eval_loss"]),
             unigram_entropy=entropy,
         )
+    with high_precision(trainer.model):  # on every rank: under ZeRO-3 / FSDP each forward needs all of them
+        summary["samples"] = sample(trainer.model, tokenizer)
     if trainer.is_world_process_zero():
         if heldout is not None:
             print(
@@ -314,8 +316,6 @@ def main(argv: list[str] | None = None) -> dict:
                 f"unigram entropy of the corpus {entropy:.3f} nats/token (perplexity {math.exp(entropy):.1f}): "
                 f"{entropy - summary['heldout_loss']:.3f} nats below"
             )
-        with high_precision(trainer.model):  # generation never runs the low-precision path
-            summary["samples"] = sample(trainer.model, tokenizer)
         for prompt, completion in summary["samples"].items():
             print(f"[sample] {prompt!r} -> {completion!r}")
         Path(args.output_dir, "pretrain_summary.json").write_text(json.dumps(summary, indent=2))

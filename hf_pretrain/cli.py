@@ -8,6 +8,7 @@ hf-pretrain trial --config gpt2-124m --recipes bf16,fp8,te-fp8,te-nvfp4 --steps 
 hf-pretrain data clean|filter|dedup|train-tokenizer|pack|prepare ...   (see hf_pretrain/data/cli.py)
 hf-pretrain estimate-memory --preset llama2-7b --zero 3 --gpus 8 --seq 8192 --micro-batch 1 --device H100
 hf-pretrain plan --device h100 --gpus 8 --hours 24 --data-tokens 20B   (see hf_pretrain/plan/)
+hf-pretrain rehearse accelerate launch --config_file two_nodes.yaml examples/pretrain.py   (hf_pretrain/rehearse/)
 """
 
 from __future__ import annotations
@@ -196,6 +197,12 @@ def plan_cli(argv: list[str]) -> int:
     return cli(argv)
 
 
+def rehearse_cli(argv: list[str]) -> int:
+    from .rehearse.cli import cli
+
+    return cli(argv)
+
+
 def data_cli(argv: list[str]) -> int:
     from .data.cli import main as data_main
 
@@ -211,6 +218,7 @@ COMMANDS = {
     "data": data_cli,
     "estimate-memory": estimate_memory_cli,
     "plan": plan_cli,
+    "rehearse": rehearse_cli,
 }
 
 

@@ -1,0 +1,308 @@
+"""The user's launch, turned into the rehearsal's: the same accelerate config on two CPU processes, and the runs.
+
+`parse_launch` reads the real command (`accelerate launch --config_file C SCRIPT ARGS`, or the
+`launch.sh` that `hf-pretrain plan` writes) with accelerate's own parser. `rehearsal_config` keeps
+what the config decides (distributed type, the DeepSpeed JSON, the FSDP settings, the number of
+machines) and changes only what a CPU needs:
+- 2 processes; over several machines, 2 "nodes" of one process each on 127.0.0.1, each started by
+  its own `accelerate launch --machine_rank r` as on real nodes (static rendezvous, a free port);
+- `use_cpu: false` with `MULTI_GPU` (accelerate's MULTI_CPU goes through mpirun; PretrainingArguments
+  puts GPU-less ranks on gloo), no `gpu_ids`, fp32 (`mixed_precision: 'no'`; under DeepSpeed the key
+  is dropped, the JSON's "auto" follows the arguments); DeepSpeed over machines uses the `standard`
+  launcher (torchrun per node) instead of pdsh.
+
+`run_launch` starts a run, its output in one log, every process in its own session, and bounds it:
+a run whose ranks all finished training but that does not exit is a hang (reported, then killed);
+after the planted SIGKILL the launch must tear down within `teardown_s`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+PROBE = Path(__file__).with_name("probe.py")
+POLL_S = 0.5
+ERROR = re.compile(r"^([\w.]*(Error|Exception)\b|error:)")
+
+
+@dataclass
+class UserLaunch:
+    config_file: Path
+    script: Path
+    script_args: list[str]
+    ignored: list[str] = field(default_factory=list)  # accelerate flags the rehearsal does not apply
+
+    @property
+    def command(self) -> str:
+        return shlex.join(
+            ["accelerate", "launch", "--config_file", str(self.config_file), str(self.script)] + self.script_args
+        )
+
+
+def read_launch_file(path: str | os.PathLike) -> list[str]:
+    """The `accelerate launch ...` line of a shell script (e.g. plan/launch.sh), split as the shell would."""
+    for line in Path(path).read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:2] == ["accelerate", "launch"]:
+            return words
+    raise ValueError(f"--launch-file {path}: no line starts with `accelerate launch`; pass the command instead.")
+
+
+def parse_launch(words: list[str]) -> UserLaunch:
+    """`[accelerate launch] --config_file C SCRIPT ARGS` -> UserLaunch (the script defaults to examples/pretrain.py)."""
+    from accelerate.commands.launch import launch_command_parser
+
+    if words[:2] == ["accelerate", "launch"]:
+        words = words[2:]
+    kept, ignored, skip = [], [], False
+    for i, word in enumerate(words):  # the machine rank is the rehearsal's to set (plan writes "${MACHINE_RANK:-0}")
+        if skip:
+            skip = False
+        elif word == "--machine_rank" and i + 1 < len(words):
+            skip = True
+        else:
+            kept.append(word)
+    if not any(w.endswith(".py") for w in kept):
+        kept.append("examples/pretrain.py")
+    try:
+        parsed = launch_command_parser().parse_args(kept)
+    except SystemExit:  # argparse printed what it could not read
+        raise ValueError(f"cannot read the launch {shlex.join(words)!r} as `accelerate launch` arguments") from None
+    if not parsed.config_file:
+        raise ValueError("the launch has no --config_file: rehearse needs the accelerate config of the real run.")
+    config = Path(parsed.config_file)
+    if not config.is_file():
+        raise ValueError(f"--config_file {config}: no such file.")
+    script = Path(parsed.training_script)
+    if not script.is_file():
+        raise ValueError(f"training script {script}: no such file (run rehearse from where you launch).")
+    for flag in ("num_processes", "num_machines", "mixed_precision", "main_process_ip", "main_process_port"):
+        if getattr(parsed, flag, None) not in (None, False):
+            ignored.append(f"--{flag} {getattr(parsed, flag)} of the launch not applied (the rehearsal sets it)")
+    return UserLaunch(config, script, list(parsed.training_script_args), ignored)
+
+
+@dataclass
+class Topology:
+    config: dict  # the rehearsal's accelerate config
+    nodes: int
+    strategy: str  # e.g. "DDP", "DeepSpeed ZeRO-3 (ds_configs/zero3.json)", "FSDP2"
+    deepspeed_file: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def processes(self) -> int:
+        return self.config["num_processes"]
+
+
+def _strategy(config: dict, deepspeed_file: Path | None) -> str:
+    kind = config.get("distributed_type", "NO")
+    if kind == "DEEPSPEED":
+        stage = json.loads(deepspeed_file.read_text()).get("zero_optimization", {}).get("stage", 0)
+        return f"DeepSpeed ZeRO-{stage} ({deepspeed_file})"
+    if kind == "FSDP":
+        return f"FSDP{config.get('fsdp_config', {}).get('fsdp_version', 1)}"
+    return "DDP"
+
+
+def rehearsal_config(path: Path, processes: int = 2) -> Topology:
+    """The user's accelerate config at `path`, made to run as `processes` CPU ranks here."""
+    user = yaml.safe_load(path.read_text()) or {}
+    config, notes = dict(user), []
+    kind = config.get("distributed_type", "NO")
+    if kind in ("NO", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU"):
+        notes.append(f"distributed_type {kind} rehearsed as MULTI_GPU on gloo (the processes DDP would run)")
+        config["distributed_type"] = kind = "MULTI_GPU"
+    nodes = 2 if int(user.get("num_machines", 1)) > 1 else 1
+    config.update(num_processes=processes, num_machines=nodes, machine_rank=0, use_cpu=False, rdzv_backend="static")
+    if nodes > 1:
+        config.update(main_process_ip="127.0.0.1", same_network=False)
+        notes.append(f"{user.get('num_machines')} machines rehearsed as 2 nodes of 1 process on 127.0.0.1")
+    for key in ("gpu_ids", "dynamo_config", "downcast_bf16", "main_training_function"):
+        config.pop(key, None)
+    if user.get("mixed_precision", "no") != "no":
+        notes.append(f"mixed_precision {user['mixed_precision']} -> fp32 (CPU)")
+    config["mixed_precision"] = "no"
+    deepspeed_file = None
+    if kind == "DEEPSPEED":
+        deepspeed = dict(config.get("deepspeed_config") or {})
+        name = deepspeed.get("deepspeed_config_file")
+        if not name:
+            raise ValueError(f"{path}: deepspeed_config has no deepspeed_config_file; rehearse runs the JSON you ship.")
+        deepspeed_file = Path(name) if Path(name).is_file() else path.parent / name
+        if not deepspeed_file.is_file():
+            raise ValueError(f"{path}: deepspeed_config_file {name} not found (from here or beside the config).")
+        deepspeed["deepspeed_config_file"] = str(deepspeed_file.resolve())
+        if nodes > 1:
+            deepspeed["deepspeed_multinode_launcher"] = "standard"
+        config["deepspeed_config"] = deepspeed
+        config.pop("mixed_precision")  # accelerate refuses it beside a JSON; the JSON's "auto" follows the arguments
+    return Topology(config, nodes, _strategy(config, deepspeed_file), deepspeed_file, notes)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def environment() -> dict[str, str]:
+    """The launch's environment: the repository importable, one thread per rank, offline hubs; and DeepSpeed's
+    JIT-built ops (its CPU shared-memory all-reduce, built at its first `init_distributed`) cached per Python
+    environment. torch keeps one cache per user and rebuilds an op whenever another environment built it last
+    (minutes on 2 cores each time); an explicit TORCH_EXTENSIONS_DIR is kept."""
+    root = str(Path.cwd())
+    path = os.environ.get("PYTHONPATH")
+    prefix = hashlib.sha256(sys.prefix.encode()).hexdigest()[:10]
+    extensions = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions" / prefix)
+    return {
+        "TORCH_EXTENSIONS_DIR": extensions,
+        **os.environ,
+        "PYTHONPATH": root + (os.pathsep + path if path else ""),
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
+
+
+BUILD_DEEPSPEED_OPS = """
+from deepspeed.accelerator import get_accelerator
+builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+if builder is not None:
+    builder.load()
+"""
+
+
+def build_deepspeed_ops(timeout_s: float = 1200.0) -> None:
+    """Build DeepSpeed's CPU shared-memory comm op before the runs (each rank builds it at `init_distributed`
+    otherwise, inside the run's time limit: minutes on 2 busy cores the first time, cached after). A lock left by
+    a build that was killed would make every later build wait forever: one older than `timeout_s` is removed."""
+    env = environment()
+    for lock in Path(env["TORCH_EXTENSIONS_DIR"]).glob("*/lock"):
+        if time.time() - lock.stat().st_mtime > timeout_s:
+            lock.unlink(missing_ok=True)
+    result = subprocess.run(
+        [sys.executable, "-c", BUILD_DEEPSPEED_OPS], env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+    if result.returncode != 0:
+        error = (result.stderr.strip().splitlines() or ["?"])[-1]
+        raise RuntimeError(f"DeepSpeed's CPU comm op does not build here: {error}")
+
+
+def launch_commands(topology: Topology, config_file: Path, target: list[str]) -> list[list[str]]:
+    """One `accelerate launch` per node, all on one free port."""
+    port = str(free_port())
+    base = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file)]
+    if topology.nodes == 1:
+        return [[*base, "--main_process_port", port, *target]]
+    return [
+        [*base, "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", port, *target]
+        for rank in range(topology.nodes)
+    ]
+
+
+@dataclass
+class RunResult:
+    name: str
+    returncodes: list[int | None]
+    seconds: float
+    log: Path
+    records: list[dict]
+    hung: str | None = None  # why the rehearsal had to stop the run
+    killed: dict | None = None  # killed.json: the rank and step of the planted SIGKILL
+    teardown_s: float | None = None  # from the SIGKILL to the last launcher's exit
+
+    @property
+    def ok(self) -> bool:
+        return self.hung is None and all(code == 0 for code in self.returncodes)
+
+    def tail(self, lines: int = 8) -> str:
+        """The last lines of the log, progress bars left out."""
+        text = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+        return "\n".join([line[-300:] for line in text if line.strip() and "it/s]" not in line][-lines:])
+
+    def error(self) -> str:
+        """The last error line of the log (the root cause a rank raised), or ''."""
+        text = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+        errors = [line.strip() for line in text if ERROR.match(line.strip()) and "ChildFailedError" not in line]
+        return errors[-1][:400] if errors else ""
+
+
+def read_records(record_dir: Path) -> list[dict]:
+    records = []
+    for path in sorted(record_dir.glob("rank-*.json")):
+        with contextlib.suppress(ValueError):
+            records.append(json.loads(path.read_text()))
+    return sorted(records, key=lambda r: r["rank"])
+
+
+def _stop(processes: list[subprocess.Popen]) -> None:
+    """SIGKILL each launcher and every process under it (torchrun starts its workers in their own sessions)."""
+    import psutil  # a dependency of accelerate
+
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            tree = psutil.Process(process.pid).children(recursive=True)
+            for child in [psutil.Process(process.pid), *tree]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
+    for process in processes:
+        process.wait()
+
+
+def run_launch(
+    name: str,
+    commands: list[list[str]],
+    record_dir: Path,
+    log: Path,
+    world_size: int,
+    timeout_s: float,
+    exit_grace_s: float = 120.0,
+    teardown_s: float = 90.0,
+) -> RunResult:
+    """Run one launch to its end, or stop it: past `timeout_s`, `exit_grace_s` after every rank finished training
+    without exiting, or `teardown_s` after the planted SIGKILL without the launchers exiting."""
+    record_dir.mkdir(parents=True, exist_ok=True)
+    start, hung, killed_at, finished_at = time.time(), None, None, None
+    with log.open("w") as out:
+        processes = [
+            subprocess.Popen(c, stdout=out, stderr=subprocess.STDOUT, env=environment(), start_new_session=True)
+            for c in commands
+        ]
+        while any(p.poll() is None for p in processes):
+            time.sleep(POLL_S)
+            now = time.time()
+            killed_file = record_dir / "killed.json"
+            if killed_at is None and killed_file.exists():
+                killed_at = now
+            records = read_records(record_dir)
+            if finished_at is None and len(records) == world_size and all(r["finished"] for r in records):
+                finished_at = now
+            if killed_at is not None and now - killed_at > teardown_s:
+                hung = f"the launch did not tear down within {teardown_s:.0f} s after a rank was killed"
+            elif finished_at is not None and now - finished_at > exit_grace_s:
+                hung = f"every rank finished training but the launch had not exited {exit_grace_s:.0f} s later"
+            elif now - start > timeout_s:
+                hung = f"the run did not end within {timeout_s:.0f} s"
+            if hung:
+                _stop(processes)
+                break
+    end = time.time()
+    killed = json.loads((record_dir / "killed.json").read_text()) if (record_dir / "killed.json").exists() else None
+    teardown = end - killed["time"] if killed and not hung else None
+    codes = [p.returncode for p in processes]
+    return RunResult(name, codes, end - start, log, read_records(record_dir), hung, killed, teardown)

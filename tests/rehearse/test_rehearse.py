@@ -1,0 +1,197 @@
+"""`hf-pretrain rehearse`: the launch made small (fast tests), and real rehearsals of the shipped accelerate configs
+(which must pass) and of planted faults (which must fail with the right reason): slow, several gloo processes."""
+
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hf_pretrain import get_preset
+from hf_pretrain.rehearse import RehearsalRequest, rehearse
+from hf_pretrain.rehearse.checks import data_sharding, resume
+from hf_pretrain.rehearse.launch import RunResult, parse_launch, read_launch_file, rehearsal_config
+from hf_pretrain.rehearse.report import checklist, write_markdown
+from hf_pretrain.rehearse.shrink import flag_value, script_arguments, tiny_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "examples" / "accelerate_configs"
+HERE = Path(__file__).resolve().parent
+
+
+# The launch made small
+
+
+def test_the_shipped_configs_become_two_cpu_processes_keeping_their_strategy():
+    ddp = rehearsal_config(CONFIGS / "ddp_8gpu.yaml")
+    assert (ddp.processes, ddp.nodes, ddp.strategy) == (2, 1, "DDP")
+    nodes = rehearsal_config(CONFIGS / "two_nodes.yaml")
+    assert (nodes.processes, nodes.nodes) == (2, 2)
+    assert nodes.config["main_process_ip"] == "127.0.0.1" and nodes.config["mixed_precision"] == "no"
+    assert any("bf16 -> fp32" in note for note in nodes.notes) and "gpu_ids" not in nodes.config
+    zero3 = rehearsal_config(CONFIGS / "deepspeed_zero3_8gpu.yaml")
+    assert zero3.strategy.startswith("DeepSpeed ZeRO-3") and zero3.deepspeed_file.name == "zero3.json"
+    assert "mixed_precision" not in zero3.config  # accelerate refuses it beside a DeepSpeed JSON
+    assert Path(zero3.config["deepspeed_config"]["deepspeed_config_file"]).is_absolute()
+    assert rehearsal_config(CONFIGS / "fsdp2_8gpu.yaml").strategy == "FSDP2"
+
+
+def test_a_missing_deepspeed_json_is_named(tmp_path):
+    config = yaml.safe_load((CONFIGS / "deepspeed_zero3_8gpu.yaml").read_text())
+    config["deepspeed_config"]["deepspeed_config_file"] = "nowhere.json"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ValueError, match="deepspeed_config_file nowhere.json not found"):
+        rehearsal_config(tmp_path / "c.yaml")
+
+
+def test_the_tiny_model_keeps_pattern_windows_gqa_moe_and_vocabulary():
+    tiny = tiny_config(get_preset("0.9b"), seq_len=64)
+    assert tiny.layer_types == ["sliding_attention"] * 3 + ["full_attention"] and tiny.sliding_window == 16
+    assert tiny.vocab_size == 65536 and tiny.hidden_size == 64
+    gqa = tiny_config(get_preset("1.4b"), seq_len=64)
+    assert (gqa.num_attention_heads, gqa.num_key_value_heads) == (8, 2)  # 16 heads / 4 KV: the group of 4 kept
+    moe = tiny_config(get_preset("tiny-moe", moe_every=2), seq_len=64)
+    assert (moe.num_experts, moe.num_experts_per_tok, moe.moe_every) == (4, 2, 2)
+    assert moe.mlp_layer_types == ["dense", "sparse"]
+
+
+def test_the_script_arguments_override_size_precision_and_resume_but_keep_the_rest(tmp_path):
+    user = ["--preset", "0.9b", "--precision", "bf16", "--resume_from_checkpoint", "x", "--dataset_path", "DATA_PATH"]
+    args, notes = script_arguments(user, tmp_path / "run", 12, 4, 64, tmp_path / "model", tmp_path / "data", None)
+    assert flag_value(args, "--preset") == str(tmp_path / "model") and flag_value(args, "--max_steps") == "12"
+    assert flag_value(args, "--precision") == "fp32" and "--resume_from_checkpoint" not in args
+    assert "--dataset_path" not in args and any("DATA_PATH does not exist" in n for n in notes)
+
+
+def test_the_launch_file_of_plan_is_read(tmp_path):
+    line = 'accelerate launch --config_file examples/accelerate_configs/two_nodes.yaml --machine_rank "${MACHINE_RANK:-0}" examples/pretrain.py --preset tiny'
+    (tmp_path / "launch.sh").write_text(f"#!/bin/sh\nset -e\n{line}\n")
+    launch = parse_launch(read_launch_file(tmp_path / "launch.sh"))
+    assert launch.script == Path("examples/pretrain.py") and launch.script_args == ["--preset", "tiny"]
+    assert shlex.split(launch.command)[3].endswith("two_nodes.yaml")
+
+
+# The checks on records written by hand
+
+
+def _run(records, name="straight"):
+    return RunResult(name, [0], 1.0, Path("/nonexistent/launch.log"), records)
+
+
+def _record(rank, steps, losses=None, **extra):
+    micro = {str(s): [ids] for s, ids in steps.items()}
+    losses = losses or {str(s): float(s) for s in steps}
+    base = dict(rank=rank, world_size=2, node=0, finished=True, global_batch=4, dataset_rows=100, sampler="S")
+    return {**base, "micro_batches": micro, "losses": losses, **extra}
+
+
+def test_sharding_fails_when_two_ranks_train_the_same_sample_and_when_samples_are_skipped():
+    topology = rehearsal_config(CONFIGS / "cpu_2proc.yaml")
+    good = [_record(0, {1: [0, 1], 2: [4, 5]}, order=[0, 1, 2, 3, 4, 5, 6, 7]), _record(1, {1: [2, 3], 2: [6, 7]})]
+    assert data_sharding(_run(good), topology).status == "passed"
+    same = [_record(0, {1: [0, 1], 2: [4, 5]}), _record(1, {1: [0, 1], 2: [4, 5]})]
+    check = data_sharding(_run(same), topology)
+    assert check.status == "failed" and "read the same data" in check.detail
+    skipped = [_record(0, {1: [0, 1], 2: [4, 5]}, order=[0, 1, 2, 3, 4, 5, 6, 7]), _record(1, {1: [2, 3], 2: [8, 9]})]
+    check = data_sharding(_run(skipped), topology)
+    assert check.status == "failed" and "trained by no rank" in check.detail
+
+
+def test_resume_fails_on_other_samples_then_on_other_losses():
+    straight = _run([_record(0, {1: [0, 1], 2: [4, 5]}), _record(1, {1: [2, 3], 2: [6, 7]})])
+    restarted = _run([_record(0, {2: [0, 1]}), _record(1, {2: [2, 3]})], "resumed")
+    assert "data position" in resume(straight, restarted, 1).detail
+    drifted = _run([_record(0, {2: [4, 5]}, {"2": 2.001}), _record(1, {2: [6, 7]})], "resumed")
+    check = resume(straight, drifted, 1)
+    assert check.status == "failed" and "other losses" in check.detail
+    same = _run([_record(0, {2: [4, 5]}, {"2": 2.0}), _record(1, {2: [6, 7]}, {"2": 2.0})], "resumed")
+    assert resume(straight, same, 1).status == "passed"
+
+
+# Real rehearsals: 3 launches of 2 gloo processes each, about 2 minutes apiece on 2 cores
+
+
+def rehearsal(tmp_path, monkeypatch, config: Path, script: str = "examples/pretrain.py", *script_args: str):
+    monkeypatch.chdir(ROOT)
+    launch = parse_launch(["--config_file", str(config), script, *script_args])
+    request = RehearsalRequest(launch, out=tmp_path, steps=6, save_steps=2, kill_at=5, timeout_s=400)
+    result = rehearse(request)
+    write_markdown(result)
+    print(checklist(result))  # with -s: the checklist as the command prints it
+    return result, {check.name: check for check in result.checks}
+
+
+@pytest.mark.parametrize(
+    "config", ["cpu_2proc.yaml", "deepspeed_zero3_8gpu.yaml", "two_nodes.yaml"], ids=["ddp", "zero3", "two_nodes"]
+)
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_shipped_configs_pass(tmp_path, monkeypatch, config):
+    result, checks = rehearsal(tmp_path, monkeypatch, CONFIGS / config)
+    assert result.passed, "\n".join(f"{c.name}: {c.status}: {c.detail} {c.fix}" for c in checks.values())
+    assert len(checks) == 6
+    if config == "two_nodes.yaml":
+        assert "2 ranks on 2 node(s)" in checks["rendezvous"].detail
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp2_on_cpu(tmp_path, monkeypatch):
+    pytest.skip(
+        "not rehearsed on this branch: the CPU FSDP2 accelerate config is added on another branch, and FSDP2 on gloo "
+        "CPU ranks was not tried here; rehearse reads FSDP configs (test_the_shipped_configs_become_two_cpu_processes...) "
+        "and names a SHARDED_STATE_DICT final save as the reason a consolidated save fails"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_zero3_without_16bit_gathering_fails_the_consolidated_save(tmp_path, monkeypatch):
+    result, checks = rehearsal(tmp_path, monkeypatch, HERE / "zero3_no_gather.yaml")
+    check = checks["consolidated save + export"]
+    assert check.status == "failed" and "stage3_gather_16bit_weights_on_model_save is false" in check.detail
+    assert "true" in check.fix
+    assert checks["resume exactness"].status == "passed"  # the fault is the final save only
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_loader_giving_every_rank_the_same_samples_fails_sharding(tmp_path, monkeypatch):
+    result, checks = rehearsal(
+        tmp_path, monkeypatch, CONFIGS / "cpu_2proc.yaml", str(HERE / "faulty_pretrain.py"), "same-samples"
+    )
+    check = checks["data sharding"]
+    assert check.status == "failed" and "read the same data" in check.detail and not result.passed
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_script_that_does_not_resume_its_data_position_fails_resume(tmp_path, monkeypatch):
+    result, checks = rehearsal(
+        tmp_path, monkeypatch, CONFIGS / "cpu_2proc.yaml", str(HERE / "faulty_pretrain.py"), "no-data-resume"
+    )
+    check = checks["resume exactness"]
+    assert check.status == "failed" and "data position" in check.detail
+    assert checks["data sharding"].status == "passed"
+
+
+def test_a_missing_consolidated_save_is_explained_by_the_config_that_caused_it(tmp_path):
+    from hf_pretrain.rehearse.checks import consolidated_save
+
+    (tmp_path / "run").mkdir()
+    straight = RunResult("straight", [0, 0], 1.0, tmp_path / "launch.log", [_record(0, {}), _record(1, {})])
+    fsdp = consolidated_save(straight, rehearsal_config(CONFIGS / "fsdp2_8gpu.yaml"), tmp_path)
+    assert fsdp.status == "failed" and "SHARDED_STATE_DICT" in fsdp.detail and "FULL_STATE_DICT" in fsdp.fix
+    zero3 = consolidated_save(straight, rehearsal_config(HERE / "zero3_no_gather.yaml"), tmp_path)
+    assert "stage3_gather_16bit_weights_on_model_save is false" in zero3.detail
+    ddp = consolidated_save(straight, rehearsal_config(CONFIGS / "cpu_2proc.yaml"), tmp_path)
+    assert "no model weights" in ddp.detail and "save_model" in ddp.fix
+
+
+def test_the_command_line_leaves_the_launch_flags_to_the_launch(capsys):
+    from hf_pretrain.cli import main
+
+    assert main(["rehearse", "--steps", "3", "accelerate", "launch", "--config_file", "nowhere.yaml"]) == 2
+    assert "--config_file nowhere.yaml: no such file" in capsys.readouterr().err
+    assert main(["rehearse", "--out", "x"]) == 2
+    assert "no launch given" in capsys.readouterr().err
