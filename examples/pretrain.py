@@ -296,6 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
     trainer.save_model(args.output_dir)
     summary = {
         "train_loss": result.training_loss,
+        "train_seconds": result.metrics["train_runtime"],
         "tokens_seen": trainer.state.num_input_tokens_seen,
         "world_size": args.world_size,
     }

@@ -42,3 +42,12 @@ def test_data_pipeline_benchmark_runs_every_step(tmp_path, capsys):
     )
     assert {"read", "clean", "exact_dedup", "minhash_dedup", "tokenizer", "pack train"} <= set(rates)
     assert "tokens/s" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_muon_benchmark_prints_the_step_ratio_and_both_differences(tmp_path, capsys):
+    result = load("muon").main(["--steps", "3", "--seq-len", "32", "--repeats", "2", "--workdir", str(tmp_path)])
+    assert set(result) == {"step_time_ratio", "equal_steps_difference", "equal_time_difference"}
+    assert result["step_time_ratio"] > 0 and all(abs(v) < 10 for v in result.values())
+    out = capsys.readouterr().out
+    assert "Muon / AdamW" in out and "equal wall-clock" in out and "optimizer: Muon for 28 hidden matrices" in out

@@ -23,6 +23,10 @@ the same command line a transformers user already writes. Differences:
   transformers' defaults, so that mode is `Trainer` with `TrainingArguments`, field for field.
 - `loss_spike_action="rollback"` with `loss_spike_lr_factor` / `loss_spike_max_rollbacks`: see
   `loss_guard.py`.
+- `optim` also takes hf_pretrain's `muon` (`optimizers.py`: Muon for the hidden matrices, AdamW for
+  embeddings, head, norms, biases and routers), tuned by `muon_lr`, `muon_momentum` and
+  `muon_adjust_lr`; it sets `pretrain_optimizer` and leaves `optim` at `adamw_torch` (transformers
+  validates `optim` against its own list, as with `lr_scheduler_type`).
 - `use_cpu` defaults to `None` = auto: True when torch sees no accelerator, so a CPU-only machine
   trains on CPU (gloo for several processes) without a flag.
 """
@@ -209,6 +213,26 @@ class PretrainingArguments(TrainingArguments):
             "broadcast would also hide a straggler's delay inside the other ranks' forward."
         },
     )
+    optim: str = field(
+        default=TrainingArguments.default_optim,
+        metadata={"help": "transformers' optimizers (OptimizerNames, e.g. adamw_torch), or hf_pretrain's 'muon'."},
+    )
+    pretrain_optimizer: str | None = field(
+        default=None,
+        metadata={"help": "Set from optim when it names an hf_pretrain optimizer (muon)."},
+    )
+    muon_lr: float | None = field(
+        default=None,
+        metadata={"help": "optim=muon: learning rate of the hidden matrices. Default: learning_rate."},
+    )
+    muon_momentum: float | None = field(default=None, metadata={"help": "optim=muon: Muon's momentum. Default 0.95."})
+    muon_adjust_lr: str | None = field(
+        default=None,
+        metadata={
+            "help": "optim=muon: per-shape lr rule, 'match_rms_adamw' (default: lr x 0.2 sqrt(max(rows, cols)), "
+            "AdamW's rate carries over) or 'original' (lr x sqrt(max(1, rows/cols)), lr about 0.02)."
+        },
+    )
     use_cpu: bool | None = field(
         default=None,
         metadata={"help": "Train on CPU. Default: auto, True when no GPU/accelerator is visible."},
@@ -242,6 +266,7 @@ class PretrainingArguments(TrainingArguments):
             raise ValueError(f"pretrain_schedule={self.pretrain_schedule!r} is invalid; use one of {list(SCHEDULES)}.")
         if self.pretrain_schedule:  # transformers validates the name against its own list: PretrainTrainer builds ours
             self.lr_scheduler_type = "constant"
+        self._resolve_optimizer()
         if self.include_num_input_tokens_seen is None:
             self.include_num_input_tokens_seen = "non_padding" if self.pretrain_extras else "no"
         if self.probe_prompts and self.probe_every < 0:
@@ -251,3 +276,29 @@ class PretrainingArguments(TrainingArguments):
         if self.use_cpu is None:  # extras off: transformers' default
             self.use_cpu = not accelerator_available() if self.pretrain_extras else False
         super().__post_init__()
+
+    def _resolve_optimizer(self) -> None:
+        """`optim="muon"` -> `pretrain_optimizer`; an unknown name refused here, in one line."""
+        from transformers.training_args import OptimizerNames
+
+        from .optimizers import MUON_OPTIMIZERS, MuonConfig
+
+        name = self.optim.value if isinstance(self.optim, OptimizerNames) else self.optim
+        if name in MUON_OPTIMIZERS:
+            self.pretrain_optimizer, self.optim = name, "adamw_torch"  # the AdamW side is torch's AdamW
+        elif name not in {o.value for o in OptimizerNames}:
+            raise ValueError(
+                f"optim={name!r} is invalid; use 'muon' (hf_pretrain) or one of transformers' OptimizerNames, "
+                "e.g. 'adamw_torch'."
+            )
+        if self.pretrain_optimizer is None:
+            return
+        if self.pretrain_optimizer not in MUON_OPTIMIZERS:
+            raise ValueError(
+                f"pretrain_optimizer={self.pretrain_optimizer!r} is invalid; use one of {list(MUON_OPTIMIZERS)}."
+            )
+        if not self.pretrain_extras:
+            raise ValueError(
+                f"optim={self.pretrain_optimizer!r} is built by PretrainTrainer's extras: keep pretrain_extras=True."
+            )
+        MuonConfig.from_arguments(self)  # its settings checked now, not at train()

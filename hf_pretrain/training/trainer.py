@@ -11,6 +11,7 @@ differences). It adds, each in its own room:
   straggler, the `telemetry.jsonl` stream, MoE load, generation probes; their measured values are
   merged into every training log and kept out of `state.log_history` (`hf_pretrain/callback.py`);
 - the attention preflight for hf_pretrain models and the precision recipe (`wiring.py`);
+- Muon for the hidden matrices with `optim="muon"` (`optimizers.py`), refused under sharding;
 - the loss guard (`loss_guard.py`): NaN/inf updates skipped, spikes logged, skipped, stopped or
   rolled back to the newest checkpoint with a lower learning rate;
 - the data position (`data_position.py`): exact, fast resume of samplers and streams;
@@ -38,6 +39,7 @@ from .checkpoints import read_run_state
 from .data_position import DataPosition
 from .eval_metrics import is_causal_lm, lm_eval_metrics
 from .loss_guard import LossGuardCallback, LossSpikeError, guard_optimizer
+from .optimizers import build_optimizer, check_optimizer_supported
 from .processes import check_launched_world_size, leave_process_group, single_process_rendezvous, wait_for_everyone
 from .schedules import build_schedule
 from .tokens import TokenCounter
@@ -80,6 +82,7 @@ class PretrainTrainer(Trainer):
         self.loss_guard = LossGuardCallback.from_arguments(self)  # attached at train()
         self.precision_report = precision_from_arguments(self)
         check_launched_world_size(self.args.world_size)
+        check_optimizer_supported(self)
 
     def tokens_seen(self, state=None) -> int:
         """Real tokens of all ranks so far (see `tokens.py`)."""
@@ -169,8 +172,10 @@ class PretrainTrainer(Trainer):
             self.loss_guard.record_loss(loss)
         return loss
 
-    def create_optimizer(self, *args, **kwargs):
-        optimizer = super().create_optimizer(*args, **kwargs)
+    def create_optimizer(self, model=None):
+        if self.optimizer is None and self.extras:  # optimizers.py: optim="muon"; None -> the Trainer's own
+            self.optimizer = build_optimizer(self, self.model if model is None else model)
+        optimizer = super().create_optimizer(model)
         return guard_optimizer(optimizer, self.loss_guard) if self.loss_guard is not None else optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):

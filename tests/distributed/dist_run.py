@@ -1,6 +1,7 @@
 """Launched by test_distributed.py (under `accelerate launch` or alone): a short run of the tiny preset.
 
 Usage: python tests/distributed/dist_run.py OUTPUT_DIR PER_DEVICE_BATCH [DEEPSPEED_CONFIG|-] [SAVE_STEPS] [resume]
+       [--optim NAME]
 Writes OUTPUT_DIR/rank-<r>.json: the per-step losses, a checksum of every parameter (gathered under
 ZeRO-3) and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model.
 """
@@ -44,7 +45,14 @@ def parameters_digest(trainer) -> str:
     return digest.hexdigest()
 
 
-def main(output_dir: str, per_device: int, deepspeed: str | None = None, save_steps: int = 0, resume: bool = False):
+def main(
+    output_dir: str,
+    per_device: int,
+    deepspeed: str | None = None,
+    save_steps: int = 0,
+    resume: bool = False,
+    optim: str = "adamw_torch",
+):
     torch.manual_seed(0)
     data = torch.randint(3, 500, (GLOBAL_BATCH * STEPS, SEQ), generator=torch.Generator().manual_seed(1))
     args = quick_args(
@@ -58,6 +66,7 @@ def main(output_dir: str, per_device: int, deepspeed: str | None = None, save_st
         deepspeed=deepspeed,
         save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500,
+        optim=optim,
     )
     model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=2))
     losses = Losses()
@@ -66,6 +75,7 @@ def main(output_dir: str, per_device: int, deepspeed: str | None = None, save_st
     trainer.add_callback(losses)
     trainer.train(resume_from_checkpoint=True if resume else None)
     record = {"losses": losses.losses, "world_size": args.world_size, "digest": parameters_digest(trainer)}
+    record["optimizer"] = type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__
     probe = data[:2]
     with torch.no_grad():  # every rank takes part (ZeRO-3 gathers the weights for the forward)
         logits = trainer.model_wrapped(input_ids=probe.to(args.device)).logits.float().cpu()
@@ -79,6 +89,8 @@ def main(output_dir: str, per_device: int, deepspeed: str | None = None, save_st
 
 
 if __name__ == "__main__":
+    optim = sys.argv.pop(sys.argv.index("--optim") + 1) if "--optim" in sys.argv else "adamw_torch"
+    sys.argv = [a for a in sys.argv if a != "--optim"]
     deepspeed_config = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
     save = int(sys.argv[4]) if len(sys.argv) > 4 else 0
-    main(sys.argv[1], int(sys.argv[2]), deepspeed_config, save, len(sys.argv) > 5 and sys.argv[5] == "resume")
+    main(sys.argv[1], int(sys.argv[2]), deepspeed_config, save, len(sys.argv) > 5 and sys.argv[5] == "resume", optim)

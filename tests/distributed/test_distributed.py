@@ -67,6 +67,20 @@ def test_ddp_two_processes_follow_the_single_process_curve(tmp_path, single):
     assert_same_curve(ranks(tmp_path), single, 1e-5)  # same global batch of 8: 2 ranks x 4
 
 
+def test_ddp_two_processes_train_alike_with_muon(tmp_path):
+    """Muon under DDP: each rank orthogonalises the same averaged gradient of whole matrices."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    command = [sys.executable, str(SCRIPT), str(one), "8", "--optim", "muon"]
+    finish(subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    config = ["--config_file", str(CONFIGS / "cpu_2proc.yaml"), "--main_process_port", str(free_port())]
+    finish(launch(*config, out=two, per_device=4, extra=["--optim", "muon"]))
+    single, records = ranks(one)[0], ranks(two)
+    assert single["optimizer"] == records[0]["optimizer"] == "MuonWithAdamW"
+    assert_same_curve(records, single, 1e-3)  # Newton-Schulz runs in bf16: a 1e-7 gradient difference shows
+    assert single["losses"]["6"] < single["losses"]["1"]
+
+
 def test_zero3_two_processes_train_alike_and_save_full_weights(tmp_path, single):
     config = ["--config_file", str(CONFIGS / "cpu_2proc.yaml"), "--main_process_port", str(free_port())]
     finish(launch(*config, out=tmp_path, per_device=4, extra=[str(ROOT / "ds_configs" / "zero3.json")]))

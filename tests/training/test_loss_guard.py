@@ -31,8 +31,12 @@ def params_finite(model):
     return all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_nan_step_is_skipped_and_training_goes_on(tmp_path, monkeypatch):
-    trainer = run(tmp_path, monkeypatch, "3:nan")
+OPTIMIZERS = pytest.mark.parametrize("optim", ["adamw_torch", "muon"])  # the guard wraps Muon+AdamW alike
+
+
+@OPTIMIZERS
+def test_nan_step_is_skipped_and_training_goes_on(tmp_path, monkeypatch, optim):
+    trainer = run(tmp_path, monkeypatch, "3:nan", optim=optim)
     snapshots = {}
 
     class Snapshot(__import__("transformers").TrainerCallback):
@@ -75,10 +79,13 @@ def lr_by_step(trainer):
     return {h["step"]: h["learning_rate"] for h in trainer.state.log_history if "learning_rate" in h}
 
 
-def test_rollback_resumes_from_the_newest_checkpoint_with_a_lower_learning_rate(tmp_path, monkeypatch):
-    reference = run(tmp_path / "ref", monkeypatch, "", save_strategy="steps", save_steps=4)
+@OPTIMIZERS
+def test_rollback_resumes_from_the_newest_checkpoint_with_a_lower_learning_rate(tmp_path, monkeypatch, optim):
+    reference = run(tmp_path / "ref", monkeypatch, "", save_strategy="steps", save_steps=4, optim=optim)
     reference.train()
-    trainer = run(tmp_path, monkeypatch, "9:spike", loss_spike_action="rollback", save_strategy="steps", save_steps=4)
+    trainer = run(
+        tmp_path, monkeypatch, "9:spike", loss_spike_action="rollback", save_strategy="steps", save_steps=4, optim=optim
+    )
     trainer.train()
     assert trainer.state.global_step == 12
     events = [json.loads(line) for line in (tmp_path / "loss_guard.jsonl").read_text().splitlines()]
@@ -93,6 +100,9 @@ def test_rollback_resumes_from_the_newest_checkpoint_with_a_lower_learning_rate(
     assert all(
         logged[s]["loss_guard_lr_scale"] == 0.5 and logged[s]["loss_guard_rollbacks"] == 1 for s in (9, 10, 11, 12)
     )
+    if optim == "muon":  # the scale reached the Muon group too: its lr is back to the schedule's after each step
+        muon_group = trainer.optimizer.param_groups[-1]
+        assert muon_group["use_muon"] and muon_group["lr"] == pytest.approx(trainer.lr_scheduler.get_last_lr()[-1])
     state = json.loads((tmp_path / "checkpoint-12" / "hf_pretrain_state.json").read_text())
     assert state["loss_guard"]["lr_scale"] == 0.5  # a later resume keeps the lowered rate
     assert params_finite(trainer.model)

@@ -76,6 +76,15 @@ def test_ten_plus_ten_equals_twenty_straight(tmp_path, straight):
     assert state["data"]["epoch"] == 1 and state["data"]["samples_consumed_in_epoch"] == 16
 
 
+def test_muon_resumes_exactly(tmp_path):
+    """Muon's momentum and AdamW's moments come back from optimizer.pt: 10 + 10 steps equal 20 straight."""
+    straight = train(tmp_path / "straight", optim="muon")[1]
+    first = train(tmp_path / "run", stop_at=10, optim="muon")[1]
+    second = train(tmp_path / "run", resume=True, optim="muon")[1]
+    assert sorted(second.losses) == list(range(11, 21))
+    assert {**first.losses, **second.losses} == straight.losses
+
+
 def test_order_is_the_one_transformers_uses(tmp_path, straight):
     recipe = dict(lr_scheduler_type="cosine_restarts", warmup_steps=0.008, weight_decay=0.1, adam_beta2=0.95)
     _, plain = train(tmp_path, pretrain_extras=False, **recipe)
