@@ -116,7 +116,7 @@ def report(argv: list[str]) -> int:
 
 
 def trial(argv: list[str]) -> int:
-    from .preflight.trial import run_trial, to_markdown
+    from .trial import run_trial, to_markdown
 
     parser = argparse.ArgumentParser(
         prog="hf-pretrain trial", description="Short side-by-side run of precision recipes."

@@ -30,9 +30,9 @@ from hf_pretrain.plan.scaling import (
     non_embedding_flops_per_token,
     shape,
 )
-from hf_pretrain.preflight.trial import summarize
 from hf_pretrain.presets import get_preset, load_config
 from hf_pretrain.training.schedules import build_schedule
+from hf_pretrain.trial import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 1024**3

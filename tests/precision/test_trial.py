@@ -5,7 +5,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from hf_pretrain.cli import main as cli
-from hf_pretrain.preflight.trial import CAVEAT, COLUMNS, summarize
+from hf_pretrain.trial import CAVEAT, COLUMNS, summarize
 
 pytest.importorskip("torchao", reason="the fp8 recipe runs through torchao")
 
@@ -100,7 +100,7 @@ def test_an_emulated_recipe_is_never_recommended_over_a_native_one():
 
 
 def test_the_final_loss_is_the_mean_of_the_last_losses():
-    from hf_pretrain.preflight.trial import final_loss
+    from hf_pretrain.trial import final_loss
 
     losses = [9.0, 8.0, 7.5, 7.0, 7.25, 6.75, 7.5]
     assert final_loss(losses, 5) == pytest.approx((7.5 + 7.0 + 7.25 + 6.75 + 7.5) / 5)
@@ -114,8 +114,8 @@ def test_trial_data_is_packed_with_the_tokenizers_own_eos(tmp_path):
 
     from hf_pretrain.data.collator import document_position_ids
     from hf_pretrain.data.pipeline import tokenizer_path
-    from hf_pretrain.preflight.trial import prepare_trial_data
     from hf_pretrain.presets import load_config
+    from hf_pretrain.trial import prepare_trial_data
 
     path, eos = prepare_trial_data(load_config("tiny"), tmp_path, 64)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_path(tmp_path / "data" / "prepared")))
@@ -127,7 +127,7 @@ def test_trial_data_is_packed_with_the_tokenizers_own_eos(tmp_path):
 
 
 def test_bad_trial_arguments(tmp_path):
-    from hf_pretrain.preflight.trial import run_trial
+    from hf_pretrain.trial import run_trial
 
     with pytest.raises(ValueError, match="warmup_steps=5 is invalid"):
         run_trial("tiny", ["fp32"], steps=5, warmup_steps=5, out_dir=tmp_path)
@@ -140,7 +140,7 @@ def test_bad_trial_arguments(tmp_path):
 def test_a_small_corpus_is_repeated_to_fill_the_steps():
     from datasets import Dataset
 
-    from hf_pretrain.preflight.trial import repeat_to
+    from hf_pretrain.trial import repeat_to
 
     data = Dataset.from_dict({"input_ids": [[1], [2], [3]]})
     assert repeat_to(data, 7)["input_ids"] == [[1], [2], [3], [1], [2], [3], [1]]

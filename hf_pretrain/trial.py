@@ -84,8 +84,8 @@ def prepare_trial_data(config, out_dir: Path, seq_len: int) -> tuple[Path, int]:
     compared on the same blocks, whatever they hold."""
     from transformers import AutoTokenizer
 
-    from ..data.corpus import write_embedded_corpus
-    from ..data.pipeline import PipelineConfig, packed_path, run_pipeline, tokenizer_path
+    from .data.corpus import write_embedded_corpus
+    from .data.pipeline import PipelineConfig, packed_path, run_pipeline, tokenizer_path
 
     data_dir = out_dir / "data"
     corpus = write_embedded_corpus(data_dir / "corpus")
@@ -125,11 +125,12 @@ def run_worker(spec: TrialSpec) -> dict:
     """Train one recipe (in this process) and return its row."""
     from datasets import load_from_disk
 
-    from .. import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
-    from ..data import PackedDocumentCollator
-    from ..precision.recipes import emulated
-    from ..presets import load_config
-    from ..telemetry.jsonl import read_jsonl
+    from .data import PackedDocumentCollator
+    from .modeling import PretrainForCausalLM
+    from .precision.recipes import emulated
+    from .presets import load_config
+    from .telemetry.jsonl import read_jsonl
+    from .training import PretrainingArguments, PretrainTrainer
 
     torch.manual_seed(spec.seed)
     config = load_config(spec.config)
@@ -205,8 +206,8 @@ def run_trial(
     loss_window: int = 5,
 ) -> dict:
     """Run every recipe in a fresh process; write trial.json / trial.md; return the result dict."""
-    from ..precision.recipes import RECIPES, why_unavailable
-    from ..presets import load_config
+    from .precision.recipes import RECIPES, why_unavailable
+    from .presets import load_config
 
     if warmup_steps >= steps:
         raise ValueError(f"warmup_steps={warmup_steps} is invalid: it must be below steps={steps}.")
@@ -249,7 +250,7 @@ def run_trial(
 
 def _run_in_fresh_process(spec: TrialSpec, result_path: Path, timeout_s: float) -> dict:
     """One recipe in a new interpreter on one device; its output goes to RECIPE.log beside the result."""
-    cmd = [sys.executable, "-m", "hf_pretrain.preflight.trial", json.dumps(asdict(spec)), str(result_path)]
+    cmd = [sys.executable, "-m", "hf_pretrain.trial", json.dumps(asdict(spec)), str(result_path)]
     env = dict(os.environ)
     if torch.cuda.device_count() > 1:  # one device: the Trainer would otherwise wrap the model in DataParallel
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
@@ -359,6 +360,6 @@ def to_markdown(result: dict) -> str:
     )
 
 
-if __name__ == "__main__":  # the fresh process of one recipe: python -m hf_pretrain.preflight.trial SPEC_JSON OUT
+if __name__ == "__main__":  # the fresh process of one recipe: python -m hf_pretrain.trial SPEC_JSON OUT
     row = run_worker(TrialSpec(**json.loads(sys.argv[1])))
     Path(sys.argv[2]).write_text(json.dumps(row))
