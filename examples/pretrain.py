@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import HfArgumentParser, PreTrainedTokenizerBase, set_seed
+from transformers.integrations import is_deepspeed_zero3_enabled
 
 from hf_pretrain import PretrainConfig, PretrainForCausalLM, PretrainingArguments, PretrainTrainer, get_preset
 from hf_pretrain.data import (
@@ -324,6 +325,10 @@ def main(argv: list[str] | None = None) -> dict:
             heldout_perplexity=math.exp(metrics["eval_loss"]),
             unigram_entropy=entropy,
         )
+    sharded = trainer.is_fsdp_enabled or is_deepspeed_zero3_enabled()  # every rank's shard takes part in forward
+    if trainer.is_world_process_zero() or sharded:
+        with high_precision(trainer.model):  # generation never runs the low-precision path
+            summary["samples"] = sample(trainer.model, tokenizer)
     if trainer.is_world_process_zero():
         if heldout is not None:
             print(
@@ -331,8 +336,6 @@ def main(argv: list[str] | None = None) -> dict:
                 f"unigram entropy of the corpus {entropy:.3f} nats/token (perplexity {math.exp(entropy):.1f}): "
                 f"{entropy - summary['heldout_loss']:.3f} nats below"
             )
-        with high_precision(trainer.model):  # generation never runs the low-precision path
-            summary["samples"] = sample(trainer.model, tokenizer)
         for prompt, completion in summary["samples"].items():
             print(f"[sample] {prompt!r} -> {completion!r}")
         Path(args.output_dir, "pretrain_summary.json").write_text(json.dumps(summary, indent=2))

@@ -42,3 +42,13 @@ def test_data_pipeline_benchmark_runs_every_step(tmp_path, capsys):
     )
     assert {"read", "clean", "exact_dedup", "minhash_dedup", "tokenizer", "pack train"} <= set(rates)
     assert "tokens/s" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp2_benchmark_runs_both_strategies_and_prints_ratios(capsys):
+    small = ["--steps", "4", "--layers", "2", "--vocab", "1024", "--hidden", "128", "--seq", "32", "--batch", "2"]
+    ratios = load("fsdp2").main(small)
+    assert set(ratios) == {"step_s", "model_state_bytes", "rss_growth_bytes"} and all(r > 0 for r in ratios.values())
+    assert ratios["model_state_bytes"] < 0.6  # each rank holds about half of the states (a count, not a time)
+    assert "ratio FSDP2/DDP" in capsys.readouterr().out
