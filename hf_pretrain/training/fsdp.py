@@ -19,7 +19,8 @@ shards anything. Two gaps are closed, both small:
   DCP's `get_model_state_dict(full_state_dict=True, cpu_offload=True)`, on rank 0) and writes the
   usual `model.safetensors` + `config.json`, so `from_pretrained`, `export_hf` and plain
   transformers read it. Checkpoints stay sharded (`pytorch_model_fsdp_0/`, `optimizer_0/`: DCP
-  folders that `accelerate merge-weights` merges when one needs their weights alone).
+  folders, no gather) and get the `config.json` every other checkpoint has, so `accelerate
+  merge-weights checkpoint-N/pytorch_model_fsdp_0 checkpoint-N` makes one loadable by itself.
 
 Written by hand: a two-line accelerate gap, not a feature a library offers (checked: accelerate
 1.15, transformers 5.24).
@@ -65,6 +66,13 @@ def is_fsdp2(trainer) -> bool:
 def sharded_saves(trainer) -> bool:
     """FSDP2 whose state dicts are sharded: `save_model()` would write no weights."""
     return is_fsdp2(trainer) and "SHARDED_STATE_DICT" in str(trainer.accelerator.state.fsdp_plugin.state_dict_type)
+
+
+def save_config(trainer, output_dir: str) -> None:
+    """A sharded checkpoint's config (Trainer writes none there): what `from_pretrained` needs after a merge."""
+    config = getattr(trainer.model, "config", None)
+    if trainer.args.should_save and config is not None:
+        config.save_pretrained(output_dir)
 
 
 def save_full_weights(trainer, output_dir: str) -> None:

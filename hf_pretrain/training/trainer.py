@@ -38,7 +38,7 @@ from .checkpointing import Checkpointing
 from .checkpoints import read_run_state
 from .data_position import DataPosition
 from .eval_metrics import is_causal_lm, lm_eval_metrics
-from .fsdp import fsdp_on_cpu, save_full_weights, sharded_saves
+from .fsdp import fsdp_on_cpu, save_config, save_full_weights, sharded_saves
 from .loss_guard import LossSpikeError, guard_optimizer
 from .processes import check_launched_world_size, leave_process_group, single_process_rendezvous, wait_for_everyone
 from .schedules import build_schedule
@@ -204,8 +204,10 @@ class PretrainTrainer(Trainer):
             super().create_accelerator_and_postprocess()
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        if self.extras and not _internal_call and sharded_saves(self):  # fsdp.py: Trainer would save no weights
-            return save_full_weights(self, output_dir or self.args.output_dir)
+        if self.extras and sharded_saves(self):  # fsdp.py: Trainer would save no weights, nor a checkpoint's config
+            if not _internal_call:
+                return save_full_weights(self, output_dir or self.args.output_dir)
+            save_config(self, output_dir)
         return super().save_model(output_dir, _internal_call)
 
     def evaluate(self, *args, **kwargs):

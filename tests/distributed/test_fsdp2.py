@@ -5,6 +5,8 @@ rank was killed."""
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -36,6 +38,26 @@ def straight(tmp_path_factory):
     return out
 
 
+@pytest.mark.parametrize("name", ["fsdp2_8gpu", "cpu_2proc_fsdp2"])
+def test_fsdp2_configs_launch_as_fsdp2_plugins(name, monkeypatch):
+    """What `accelerate launch --config_file` hands the ranks builds accelerate's FSDP2 plugin as documented."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(CONFIGS / f"{name}.yaml"), "train.py"])
+    env = prepare_multi_gpu_env(_validate_launch_command(args)[0])
+    for key, value in env.items():
+        if key.startswith("FSDP_") or key == "ACCELERATE_USE_FSDP":
+            monkeypatch.setenv(key, value)
+    assert env["ACCELERATE_USE_FSDP"] == "true"
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+    assert plugin.transformer_cls_names_to_wrap == ["PretrainDecoderLayer"]
+    assert "SHARDED_STATE_DICT" in str(plugin.state_dict_type)
+    assert plugin.cpu_ram_efficient_loading is (name == "fsdp2_8gpu")  # rank 0 builds, the others receive
+
+
 def test_fsdp2_follows_the_single_process_and_ddp_curve(straight, single):
     records = ranks(straight)
     assert_same_curve(records, single, 1e-5)  # DDP meets the same reference at 1e-5 (test_distributed.py)
@@ -63,6 +85,11 @@ def test_fsdp2_checkpoints_are_sharded_checked_and_resume_exactly(straight, tmp_
             "__1_0.distcp",
         ]
         assert check_checkpoint(checkpoint, world_size=2, fsdp=True).ok
+    merged = shutil.copytree(straight / "checkpoint-6", tmp_path / "merged")  # its weights alone, by accelerate
+    merge = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "merge-weights"]
+    subprocess.run([*merge, str(merged / "pytorch_model_fsdp_0"), str(merged)], check=True, capture_output=True)
+    final = PretrainForCausalLM.from_pretrained(straight / "model").state_dict()
+    assert all(torch.equal(final[k], v) for k, v in PretrainForCausalLM.from_pretrained(merged).state_dict().items())
     cut = shutil.copytree(straight / "checkpoint-6", tmp_path / "cut")
     (cut / "optimizer_0" / ".metadata").unlink()  # the coordinator writes it last: a save that died before
     assert check_checkpoint(cut, world_size=2, fsdp=True).problems == [
