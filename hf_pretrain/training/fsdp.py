@@ -9,9 +9,9 @@ shards anything. Two gaps are closed, both small:
   type is a GPU one (`AcceleratorState`: `MULTI_GPU`, `MULTI_XPU`, ...). A CPU launch
   (`use_cpu`, `MULTI_CPU`) silently trains plain DDP instead, the FSDP config ignored.
   `fsdp_on_cpu()` shows accelerate a GPU-type group for the moment the `Accelerator` is built, so
-  its own FSDP branch runs (the device stays the CPU), then puts the type back. It is used only
-  when FSDP is asked for (`TrainingArguments.fsdp` or an accelerate FSDP launch config) on a
-  `MULTI_CPU` group: GPU runs never enter it. This is how the 2-process CPU tests and rehearsals
+  its own FSDP branch runs (the device stays the CPU), and leaves the process-wide type at FSDP. It
+  acts only when FSDP2 is asked for (`TrainingArguments.fsdp` or an accelerate FSDP launch config)
+  on a `MULTI_CPU` group: GPU runs never enter it; FSDP1 there is refused with a clear error. This is how the 2-process CPU tests and rehearsals
   of `fsdp2_8gpu.yaml` run the same code as the GPUs.
 - **The final weights.** With `fsdp_state_dict_type: SHARDED_STATE_DICT` (the presets: every rank
   writes its shard of a checkpoint, no gather), transformers' `save_model()` writes nothing at all
@@ -40,6 +40,14 @@ def fsdp_requested(args) -> bool:
     return bool(getattr(args, "fsdp", None)) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
 
 
+def fsdp_version(args) -> int:
+    """The version asked for: `fsdp_config` of the arguments (transformers' default 2), else the launch config's."""
+    if getattr(args, "fsdp", None):
+        config = getattr(args, "fsdp_config", None) or {}
+        return int(config.get("version", config.get("fsdp_version", 2)))
+    return int(os.environ.get("FSDP_VERSION", "1"))
+
+
 @contextlib.contextmanager
 def fsdp_on_cpu(args):
     """While the `Accelerator` is built, a CPU process group reads as a GPU one, so accelerate applies FSDP.
@@ -49,6 +57,11 @@ def fsdp_on_cpu(args):
     off accelerate's FSDP paths (state-dict gathering, gradient clipping) mid-run."""
     state = PartialState._shared_state
     flip = fsdp_requested(args) and state.get("distributed_type") == DistributedType.MULTI_CPU
+    if flip and fsdp_version(args) != 2:
+        raise ValueError(
+            f"fsdp_version={fsdp_version(args)} on CPU processes: only FSDP2 runs on CPU ranks here. "
+            "Set fsdp_version: 2 in the accelerate config (or fsdp_config={'version': 2})."
+        )
     if flip:
         state["distributed_type"] = DistributedType.MULTI_GPU
     try:
