@@ -51,3 +51,13 @@ def test_muon_benchmark_prints_the_step_ratio_and_both_differences(tmp_path, cap
     assert result["step_time_ratio"] > 0 and all(abs(v) < 10 for v in result.values())
     out = capsys.readouterr().out
     assert "Muon / AdamW" in out and "equal wall-clock" in out and "optimizer: Muon for 28 hidden matrices" in out
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp2_benchmark_runs_both_strategies_and_prints_ratios(capsys):
+    small = ["--steps", "4", "--layers", "2", "--vocab", "1024", "--hidden", "128", "--seq", "32", "--batch", "2"]
+    ratios = load("fsdp2").main(small)
+    assert set(ratios) == {"step_s", "model_state_bytes", "rss_growth_bytes"} and all(r > 0 for r in ratios.values())
+    assert ratios["model_state_bytes"] < 0.6  # each rank holds about half of the states (a count, not a time)
+    assert "ratio FSDP2/DDP" in capsys.readouterr().out

@@ -34,6 +34,20 @@ optimizer states to host memory, adds the fp32 gradient partition CPU Adam reads
 ZeRO-3 also moves the weights partition; `cpu_bytes` is what one rank needs on the host, the same
 2 + 4 + 12 = 18 bytes per parameter as DeepSpeed's estimator.
 
+FSDP2 (`fsdp2=True`, with `zero=3`; `--fsdp2`). PyTorch's `fully_shard` shards the same three things as
+ZeRO-3, with its own layout: the sharded parameter *is* the fp32 master (accelerate upcasts the weights
+to fp32 under `mixed_precision` and casts the gathered unit to bf16 through `MixedPrecisionPolicy`), its
+gradient shard has the parameter's dtype, and AdamW reads both directly. So every precision holds
+4 + 4 + 8 = 16 bytes per parameter / N, before backward, after it and inside the step: no separate 16-bit
+partition (ZeRO-3: 2 + 2 + 12 after backward) and no fp32 gradient partition built for the step
+(ZeRO-3's 4 B, 20 bytes in all). While a unit computes, its weights and unsharded gradient are held in
+the compute dtype (2 + 2 bytes in bf16, 4 + 4 in fp32) x the largest unit (accelerate's units: a decoder
+layer, the embedding, the final norm + LM head). Both measured in a real 2-process FSDP2 run, every live
+tensor counted (tests/distributed/test_memory_fsdp2.py). Under FSDP2 the LM head is an FSDP unit, which
+the chunked loss does not read around (`modeling/model.py`): the full logits are priced. Not modelled:
+FSDP2's CPU offload (`offload_policy`), its prefetch of the next unit's all-gather (one more unit's
+weights at times) and the padding of each shard to a multiple of N rows.
+
 Activations. Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
 section 4) count s*b*h*(34 + 5*a*s/h) bytes per GPT layer in 16-bit: 34 s*b*h for the tensors saved for
 backward (11 attention + 19 MLP + 4 LayerNorm, dropout masks included) and 5*a*s^2*b for the score matrix, its
@@ -128,6 +142,7 @@ class MemoryEstimate:
     device_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
     chunked_loss: bool = True  # the loss from the hidden states in chunks (modeling/loss.py), no full logits
+    fsdp2: bool = False  # FSDP2 (fully_shard) rather than DeepSpeed ZeRO-3 (module docstring)
 
     @property
     def model_states(self) -> int:
@@ -217,7 +232,7 @@ def activation_bytes(
     return stack + final_norm + rope
 
 
-def logits_bytes(config, seq_len: int, micro_batch: int) -> int:
+def logits_bytes(config, seq_len: int, micro_batch: int, chunked: bool | None = None) -> int:
     """What the loss holds beyond the activations.
 
     Unfused (`config.chunked_loss=False`): the fp32 log-probs saved by the cross-entropy, their gradient and
@@ -225,7 +240,7 @@ def logits_bytes(config, seq_len: int, micro_batch: int) -> int:
     and the head's weight gradient held from forward to backward; the hidden states' gradient held with it
     takes the place of the head's saved input, which the activations already count."""
     tokens = seq_len * micro_batch
-    if getattr(config, "chunked_loss", True):
+    if getattr(config, "chunked_loss", True) if chunked is None else chunked:
         from ..modeling.loss import chunked_loss_bytes  # (torch-free import of this module kept for the CLI)
 
         return chunked_loss_bytes(config.vocab_size, config.hidden_size, tokens) - 4 * tokens * config.hidden_size
@@ -246,12 +261,14 @@ def estimate_memory(
     device: str | None = None,
     device_memory_gb: float | None = None,
     model: str | None = None,
+    fsdp2: bool = False,
 ) -> MemoryEstimate:
     """Per-GPU bytes of training `config` with ZeRO stage `zero` over `gpus` GPUs (module docstring: formulas).
 
     `seq_len` defaults to the config's `max_position_embeddings`. `device` names a GPU of the chip table
     (`hf_pretrain/chips.py`: e.g. "H100", "A100-40GB", or `torch.cuda.get_device_name()`); `device_memory_gb`
-    (GiB, the unit card names use) overrides it.
+    (GiB, the unit card names use) overrides it. `fsdp2=True` (with `zero=3`) prices FSDP2's layout instead
+    of DeepSpeed's.
     """
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"zero={zero!r} is invalid: use a ZeRO stage 0, 1, 2 or 3.")
@@ -261,6 +278,11 @@ def estimate_memory(
         raise ValueError(f"precision={precision!r} is unknown; use one of {list(PRECISIONS)}.")
     if offload and zero == 0:
         raise ValueError("offload=True needs ZeRO >= 1 (DeepSpeed offloads the partitioned optimizer states).")
+    if fsdp2 and (zero != 3 or offload):
+        raise ValueError(
+            f"fsdp2=True with zero={zero}, offload={offload}: FSDP2 shards weights, gradients and optimizer states "
+            "(pass zero=3) and its CPU offload is not modelled (pass offload=False)."
+        )
     seq_len = seq_len or config.max_position_embeddings
     if seq_len < 1 or micro_batch < 1:
         raise ValueError(f"seq_len={seq_len} and micro_batch={micro_batch} must be positive.")
@@ -276,6 +298,10 @@ def estimate_memory(
     zero3_gathered = (weight + grad) * largest_unit if zero == 3 and gpus > 1 else 0
     mixed = weight < 4  # 16-bit weights with fp32 master states
     gradient_partition_fp32 = 4 * psi // gpus if zero >= 1 and mixed and not offload else 0
+    chunked_loss = getattr(config, "chunked_loss", True)
+    if fsdp2:  # the sharded fp32 parameter is the master; gradients in its dtype; only the unit computes in 16-bit
+        parameters, gradients, optimizer_states = 4 * psi // gpus, 4 * psi // gpus, 8 * psi // gpus
+        gradient_partition_fp32, chunked_loss = 0, False
     cpu_bytes = 0
     notes = []
     if offload:
@@ -292,7 +318,12 @@ def estimate_memory(
         )
     if not flash_attention:
         notes.append("no flash attention: the s x s softmax of every layer is kept for backward")
-    if zero == 3 and gpus > 1:
+    if fsdp2:
+        notes.append(
+            "FSDP2: fp32 shards are the master weights (16 B x Psi / N in every precision); the LM head is an "
+            "FSDP unit, so the loss computes the full logits"
+        )
+    elif zero == 3 and gpus > 1:
         notes.append("ZeRO-3 gathered: one largest unit (layer or vocabulary matrix) in full, weights + gradient")
 
     device_bytes = None
@@ -318,8 +349,9 @@ def estimate_memory(
         gradients=gradients,
         optimizer_states=optimizer_states,
         activations=activation_bytes(config, seq_len, micro_batch, precision, checkpointing, flash_attention),
-        logits=logits_bytes(config, seq_len, micro_batch),
-        chunked_loss=getattr(config, "chunked_loss", True),
+        logits=logits_bytes(config, seq_len, micro_batch, chunked_loss),
+        chunked_loss=chunked_loss,
+        fsdp2=fsdp2,
         zero3_gathered=zero3_gathered,
         cpu_bytes=cpu_bytes,
         gradient_partition_fp32=gradient_partition_fp32,
@@ -335,9 +367,14 @@ def format_estimate(estimate: MemoryEstimate) -> str:
     """One screen: each component per GPU in GiB and GB (10^9 bytes) with its formula, the total and the verdict."""
     est = estimate
     weight, grad, optim, e = BYTES_PER_PARAMETER[est.precision]
+    unit_bytes = weight + grad  # a gathered unit, in the compute dtype
+    if est.fsdp2:  # fp32 shards: the master weights, their gradients, Adam's m and v
+        weight, grad, optim = 4, 4, 8
     n = est.gpus
     split = {k: f" / {n}" if est.zero >= stage and n > 1 else "" for k, stage in (("p", 3), ("g", 2), ("o", 1))}
     optim_what = "fp32 master, Adam m, v" if optim == 12 else "Adam m, v"
+    if est.fsdp2:
+        optim_what += "; the fp32 shards are the master"
     tokens = f"{est.seq_len} x {est.micro_batch}"
     if est.checkpointing:
         activations = f"L x {tokens} x {e} B x h (layer inputs) + one layer"
@@ -372,9 +409,11 @@ def format_estimate(estimate: MemoryEstimate) -> str:
         ),
     ]
     if est.zero3_gathered:
-        rows.append(("ZeRO-3 gathered", est.zero3_gathered, f"{weight + grad} B x largest layer or vocab matrix"))
+        name = "FSDP2 gathered" if est.fsdp2 else "ZeRO-3 gathered"
+        rows.append((name, est.zero3_gathered, f"{unit_bytes} B x largest layer or vocab matrix"))
     head = (
-        f"{est.model}: {est.num_parameters / 1e9:.3f} B parameters (Psi), {est.precision}, ZeRO-{est.zero} over {n} GPU"
+        f"{est.model}: {est.num_parameters / 1e9:.3f} B parameters (Psi), {est.precision}, "
+        f"{'FSDP2' if est.fsdp2 else f'ZeRO-{est.zero}'} over {n} GPU"
         f"{'s' if n > 1 else ''}{', CPU offload' if est.offload else ''}\n"
         f"sequence {est.seq_len} x micro-batch {est.micro_batch}, "
         f"{'flash attention' if est.flash_attention else 'no flash attention'}, "
@@ -418,6 +457,9 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default: max_position_embeddings)")
     parser.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per forward")
     parser.add_argument("--offload", action="store_true", help="DeepSpeed CPU offload (optimizer; ZeRO-3: weights)")
+    parser.add_argument(
+        "--fsdp2", action="store_true", help="FSDP2 (fully_shard) instead of DeepSpeed: implies --zero 3"
+    )
     parser.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
     parser.add_argument(
         "--no-flash-attention", action="store_true", help="a kernel that keeps the s x s softmax (eager)"
@@ -426,10 +468,12 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--device-memory-gb", type=float, default=None, help="device memory in GiB (overrides)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON (bytes)")
     args = parser.parse_args(argv)
+    if args.fsdp2 and args.zero not in (0, 3):
+        parser.error(f"--fsdp2 shards everything, like ZeRO-3: drop --zero {args.zero}")
     name = args.preset or args.config
     estimate = estimate_memory(
         load_config(name),
-        args.zero,
+        3 if args.fsdp2 else args.zero,
         args.gpus,
         args.precision,
         args.seq,
@@ -440,6 +484,7 @@ def cli(argv: list[str]) -> int:
         device=args.device,
         device_memory_gb=args.device_memory_gb,
         model=name,
+        fsdp2=args.fsdp2,
     )
     print(json.dumps(estimate.to_dict(), indent=2) if args.json else format_estimate(estimate))
     return 1 if estimate.fits is False else 0

@@ -15,7 +15,10 @@ What is checked, cheaply (headers and zip directories, never the tensors themsel
 - the weights: `model.safetensors` (header parsed, file long enough for every tensor it lists),
   `pytorch_model.bin` (a readable zip), a sharded index and every shard it names, or a PEFT adapter;
   under DeepSpeed the tag folder named by `latest` and its `*.pt` files instead (weights and
-  optimizer live there);
+  optimizer live there); under FSDP accelerate's files instead: sharded state dicts are DCP folders
+  (`pytorch_model_fsdp_0/`, `optimizer_0/`) whose `.metadata` the coordinator writes last, after
+  every rank's `*.distcp` (a folder without it was cut), full ones `pytorch_model_fsdp.bin` and
+  `optimizer.bin` (readable zips);
 - `optimizer.pt` and `scheduler.pt` (readable zips: `torch.save` writes zip files whose directory
   sits at the end, so a cut file fails to open);
 - the RNG state this run reads: `rng_state.pth` for one process, `rng_state_{rank}.pth` for each
@@ -62,6 +65,7 @@ def check_checkpoint(
     world_size: int = 1,
     deepspeed: bool = False,
     save_only_model: bool = False,
+    fsdp: bool = False,
 ) -> CheckpointCheck:
     folder = Path(path)
     if not folder.is_dir():
@@ -72,11 +76,14 @@ def check_checkpoint(
     problems += _json_problem(folder / "hf_pretrain_state.json", required=False)
     if deepspeed:
         problems += _deepspeed_problems(folder)
+    elif fsdp:
+        problems += _fsdp_problems(folder, "pytorch_model_fsdp", "the weights")
     else:
         problems += _weight_problems(folder)
     if not save_only_model:
-        sharded = any(p.is_dir() for p in folder.glob("optimizer_*"))  # FSDP: a folder per rank
-        if not (deepspeed or sharded):
+        if fsdp:
+            problems += _fsdp_problems(folder, "optimizer", "a resume would start a fresh optimizer")
+        elif not deepspeed:
             problems += _zip_problem(
                 folder / "optimizer.pt", missing="missing (a resume would start a fresh optimizer)"
             )
@@ -155,9 +162,21 @@ def _weight_problems(folder: Path) -> list[str]:
             if missing:
                 return [f"{name}: shards missing: {', '.join(missing)}"]
             return [p for s in shards for p in _weight_file_problem(folder / s)]
-    if any(folder.glob("pytorch_model_fsdp*")):  # FSDP sharded state: a folder per rank, read by accelerate
-        return []
     return [f"model weights: none of {', '.join(WEIGHT_FILES)} or a sharded index"]
+
+
+def _fsdp_problems(folder: Path, name: str, what: str) -> list[str]:
+    """accelerate's FSDP state: the DCP folder `{name}_0/` (sharded) or the file `{name}.bin` (full)."""
+    sharded, full = folder / f"{name}_0", folder / f"{name}.bin"
+    if sharded.is_dir():
+        if not (sharded / ".metadata").exists():
+            return [f"{sharded.name}/.metadata: missing (the sharded save did not finish)"]
+        if not any(sharded.glob("*.distcp")):
+            return [f"{sharded.name}/: no *.distcp shards"]
+        return []
+    if full.exists():
+        return _zip_problem(full)
+    return [f"{sharded.name}/ or {full.name}: missing ({what})"]
 
 
 def _deepspeed_problems(folder: Path) -> list[str]:

@@ -65,6 +65,7 @@ class Checkpointing:
         settings = dict(
             world_size=trainer.args.world_size,
             deepspeed=trainer.is_deepspeed_enabled,
+            fsdp=trainer.is_fsdp_enabled,
             save_only_model=trainer.args.save_only_model,
         )
         candidates = checkpoints_newest_first(trainer.args.output_dir)

@@ -16,6 +16,7 @@ differences). It adds, each in its own room:
   rolled back to the newest checkpoint with a lower learning rate;
 - the data position (`data_position.py`): exact, fast resume of samplers and streams;
 - checkpoints (`checkpointing.py`): checked before a resume, written atomically;
+- FSDP2 (`fsdp.py`): on CPU ranks too, and `save_model()` writes the full weights under sharded state dicts;
 - the processes (`processes.py`): a launch that lost its ranks is refused, one DeepSpeed process
   needs no launcher, the process group is left before exit;
 - causal-LM metrics in `evaluate()` (`eval_metrics.py`).
@@ -38,6 +39,7 @@ from .checkpointing import Checkpointing
 from .checkpoints import read_run_state
 from .data_position import DataPosition
 from .eval_metrics import is_causal_lm, lm_eval_metrics
+from .fsdp import fsdp_on_cpu, save_config, save_full_weights, sharded_saves
 from .loss_guard import LossGuardCallback, LossSpikeError, guard_optimizer
 from .optimizers import build_optimizer, check_optimizer_supported
 from .processes import check_launched_world_size, leave_process_group, single_process_rendezvous, wait_for_everyone
@@ -196,6 +198,19 @@ class PretrainTrainer(Trainer):
     def get_train_dataloader(self):
         build = super().get_train_dataloader
         return self.data_position.build_dataloader(build) if self.extras else build()
+
+    def create_accelerator_and_postprocess(self) -> None:
+        if not getattr(self.args, "pretrain_extras", True):  # called by Trainer.__init__, before self.extras
+            return super().create_accelerator_and_postprocess()
+        with fsdp_on_cpu(self.args):  # fsdp.py: accelerate applies FSDP on a CPU (gloo) process group too
+            super().create_accelerator_and_postprocess()
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        if self.extras and sharded_saves(self):  # fsdp.py: Trainer would save no weights, nor a checkpoint's config
+            if not _internal_call:
+                return save_full_weights(self, output_dir or self.args.output_dir)
+            save_config(self, output_dir)
+        return super().save_model(output_dir, _internal_call)
 
     def evaluate(self, *args, **kwargs):
         with high_precision(self.model):  # evaluation never runs the low-precision path

@@ -3,7 +3,8 @@
 Usage: python tests/distributed/dist_run.py OUTPUT_DIR PER_DEVICE_BATCH [DEEPSPEED_CONFIG|-] [SAVE_STEPS] [resume]
        [--optim NAME]
 Writes OUTPUT_DIR/rank-<r>.json: the per-step losses, a checksum of every parameter (gathered under
-ZeRO-3) and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model.
+ZeRO-3 and FSDP2) and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model. The
+accelerate config picks DDP or FSDP2 (cpu_2proc.yaml, cpu_2proc_fsdp2.yaml).
 """
 
 import hashlib
@@ -39,9 +40,10 @@ def parameters_digest(trainer) -> str:
         with deepspeed.zero.GatheredParameters([p for _, p in params]):
             for _, p in params:
                 digest.update(p.detach().float().cpu().numpy().tobytes())
-    else:
+    else:  # FSDP2: DTensor shards, gathered (a collective: every rank, same order)
         for _, p in params:
-            digest.update(p.detach().float().cpu().numpy().tobytes())
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            digest.update(full.detach().float().cpu().numpy().tobytes())
     return digest.hexdigest()
 
 

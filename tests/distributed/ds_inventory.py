@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from hf_pretrain import PretrainForCausalLM, get_preset
 from hf_pretrain.distributed.memory import estimate_memory
+from tests.distributed.live_tensors import live_bytes
 
 SHAPE = dict(
     hidden_size=256,
@@ -25,19 +26,6 @@ SHAPE = dict(
     num_key_value_heads=2,
     vocab_size=4096,
 )
-
-
-def live_bytes() -> int:
-    storages = {}
-    for obj in gc.get_objects():
-        try:
-            tensors = [obj] if torch.is_tensor(obj) else []
-        except Exception:  # objects that fail isinstance checks (lazy modules of other libraries)
-            continue
-        for tensor in tensors + [t.grad for t in tensors if t.grad is not None]:
-            storage = tensor.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values())
 
 
 def main(stage: int) -> None:

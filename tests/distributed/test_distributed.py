@@ -134,7 +134,15 @@ def test_accelerate_configs_parse_and_name_what_exists(path):
 
 def test_the_configs_cover_the_documented_setups():
     names = {p.stem for p in CONFIGS.glob("*.yaml")}
-    assert names == {"one_gpu", "ddp_8gpu", "deepspeed_zero3_8gpu", "fsdp2_8gpu", "two_nodes", "cpu_2proc"}
+    assert names == {
+        "one_gpu",
+        "ddp_8gpu",
+        "deepspeed_zero3_8gpu",
+        "fsdp2_8gpu",
+        "two_nodes",
+        "cpu_2proc",
+        "cpu_2proc_fsdp2",
+    }
 
 
 def test_zero3_checkpoints_are_atomic_and_resume_exactly(tmp_path, single):

@@ -18,6 +18,7 @@ from hf_pretrain.distributed.memory import (
 )
 from hf_pretrain.modeling.loss import chunk_rows
 from hf_pretrain.presets import get_preset
+from tests.distributed.live_tensors import run_inventory
 
 MiB = 1024**2
 # ~32 M parameters, GQA: the "custom small config" of the CPU measurement
@@ -362,24 +363,7 @@ def test_the_steps_fp32_gradients_and_the_activations_never_add_up():
 def test_estimate_matches_deepspeeds_live_tensors(stage):
     """Every tensor alive in a real bf16 ZeRO run of 2 CPU ranks, after backward and inside the optimizer step."""
     pytest.importorskip("deepspeed")
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        f"--master_port={port}",
-        os.path.join(os.path.dirname(__file__), "ds_inventory.py"),
-        str(stage),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    seen = run_inventory("ds_inventory.py", str(stage))
     estimate = seen["estimate"]
     persistent = estimate["parameters"] + estimate["gradients"] + estimate["optimizer_states"]
     # after backward: the 16-bit weights (all of them under ZeRO-2, the partition under ZeRO-3), the 16-bit

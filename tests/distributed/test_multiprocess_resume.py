@@ -15,9 +15,9 @@ SCRIPT = ROOT / "tests" / "distributed" / "resume_run.py"
 pytestmark = pytest.mark.distributed
 
 
-def launch(out, per_device, *extra, processes=2):
+def launch(out, per_device, *extra, processes=2, config=CONFIGS / "cpu_2proc.yaml"):
     if processes == 2:
-        config = ["--config_file", str(CONFIGS / "cpu_2proc.yaml"), "--main_process_port", str(free_port())]
+        config = ["--config_file", str(config), "--main_process_port", str(free_port())]
     else:
         config = ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     command = [

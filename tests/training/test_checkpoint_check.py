@@ -100,3 +100,16 @@ def test_latest_with_no_whole_checkpoint_is_an_error(copy):
         CheckpointError, match=r"No valid checkpoint found in output directory \(.*\): no whole checkpoint-N"
     ):
         train(copy, resume=True)
+
+
+def test_fsdp_full_state_files_are_checked_instead_of_the_plain_ones(copy):
+    """FSDP with FULL_STATE_DICT: accelerate's `pytorch_model_fsdp.bin` and `optimizer.bin` (torch.save zips)."""
+    checkpoint = copy / "checkpoint-10"
+    (checkpoint / "optimizer.pt").rename(checkpoint / "optimizer.bin")
+    shutil.copy(checkpoint / "optimizer.bin", checkpoint / "pytorch_model_fsdp.bin")  # any torch.save zip
+    assert check_checkpoint(checkpoint, fsdp=True).ok
+    assert not check_checkpoint(checkpoint).ok  # a plain run needs optimizer.pt
+    cut(checkpoint / "pytorch_model_fsdp.bin")
+    assert check_checkpoint(checkpoint, fsdp=True).problems[0].startswith("pytorch_model_fsdp.bin: unreadable")
+    (checkpoint / "optimizer.bin").unlink()
+    assert "optimizer_0/ or optimizer.bin: missing" in " ".join(check_checkpoint(checkpoint, fsdp=True).problems)
