@@ -42,3 +42,13 @@ def test_data_pipeline_benchmark_runs_every_step(tmp_path, capsys):
     )
     assert {"read", "clean", "exact_dedup", "minhash_dedup", "tokenizer", "pack train"} <= set(rates)
     assert "tokens/s" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_compile_benchmark_times_eager_whole_model_and_blocks(capsys):
+    args = ["--layers", "1", "--hidden", "64", "--vocab", "256", "--seq", "32", "--steps", "1", "--backend", "eager"]
+    results = load("compile").main(args)  # Dynamo traces, no compiler: the smoke of every code path in seconds
+    assert set(results) == {1} and set(results[1]) == {"eager", "model", "blocks"}
+    assert results[1]["blocks"]["graphs"] == 1 and results[1]["model"]["breaks"] == 0
+    assert results[1]["model"]["loss"] == pytest.approx(results[1]["eager"]["loss"], rel=1e-5)
+    assert "x eager" in capsys.readouterr().out
