@@ -1,12 +1,15 @@
 """Launched by test_distributed.py (under `accelerate launch` or alone): a short run of the tiny preset.
 
 Usage: python tests/distributed/dist_run.py OUTPUT_DIR PER_DEVICE_BATCH [DEEPSPEED_CONFIG|-] [SAVE_STEPS] [resume]
+Environment: DIST_RUN_MOE=1 makes every layer an MoE layer (4 experts, top-2); DIST_RUN_CHECKPOINTING=K turns on
+activation checkpointing of every K-th layer.
 Writes OUTPUT_DIR/rank-<r>.json: the per-step losses, a checksum of every parameter (gathered under
 ZeRO-3) and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model.
 """
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -44,6 +47,13 @@ def parameters_digest(trainer) -> str:
     return digest.hexdigest()
 
 
+def checkpointing_arguments() -> dict:
+    every = int(os.environ.get("DIST_RUN_CHECKPOINTING", "0"))
+    if not every:
+        return {}
+    return dict(gradient_checkpointing=True, gradient_checkpointing_kwargs={"every_n_layers": every})
+
+
 def main(output_dir: str, per_device: int, deepspeed: str | None = None, save_steps: int = 0, resume: bool = False):
     torch.manual_seed(0)
     data = torch.randint(3, 500, (GLOBAL_BATCH * STEPS, SEQ), generator=torch.Generator().manual_seed(1))
@@ -58,8 +68,10 @@ def main(output_dir: str, per_device: int, deepspeed: str | None = None, save_st
         deepspeed=deepspeed,
         save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500,
+        **checkpointing_arguments(),
     )
-    model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=2))
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64) if os.environ.get("DIST_RUN_MOE") else {}
+    model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=2, **moe))
     losses = Losses()
     dataset = Dataset.from_dict({"input_ids": data.tolist(), "labels": data.tolist()})
     trainer = PretrainTrainer(model=model, args=args, train_dataset=dataset)
