@@ -61,3 +61,13 @@ def test_fsdp2_benchmark_runs_both_strategies_and_prints_ratios(capsys):
     assert set(ratios) == {"step_s", "model_state_bytes", "rss_growth_bytes"} and all(r > 0 for r in ratios.values())
     assert ratios["model_state_bytes"] < 0.6  # each rank holds about half of the states (a count, not a time)
     assert "ratio FSDP2/DDP" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_compile_benchmark_times_eager_whole_model_and_blocks(capsys):
+    args = ["--layers", "1", "--hidden", "64", "--vocab", "256", "--seq", "32", "--steps", "1", "--backend", "eager"]
+    results = load("compile").main(args)  # Dynamo traces, no compiler: the smoke of every code path in seconds
+    assert set(results) == {1} and set(results[1]) == {"eager", "model", "blocks"}
+    assert results[1]["blocks"]["graphs"] == 1 and results[1]["model"]["breaks"] == 0
+    assert results[1]["model"]["loss"] == pytest.approx(results[1]["eager"]["loss"], rel=1e-5)
+    assert "x eager" in capsys.readouterr().out

@@ -70,7 +70,10 @@ llama2-7b in bf16 (k = q = h, I = 2.6875 h) 45.5 h + 8 + 4a bytes, 1.34 x Korthi
 being the fp32 RMSNorm upcasts and the separate normalised tensors (+12 h), and SwiGLU's four I-wide tensors.
 The final RMSNorm adds one norm's worth, RoPE's cos/sin 2*s*head_dim*e bytes. With full activation
 checkpointing each layer keeps only its input (e*h per token) and one layer's working set is recomputed at a
-time (Korthikanti et al. section 4.1): L x e*h + one layer.
+time (Korthikanti et al. section 4.1): L x e*h + one layer. Selective (`checkpointing=k`, transformers'
+`every_n_layers`): the checkpointed layers' inputs, the largest one of them rebuilt, the others' full sets.
+These peaks are checked against the tensors autograd saves on a CPU (tests/training/test_activation_checkpointing.py,
+within 1 %; docs/memory.md).
 
 The loss. The LM head's logits are upcast to fp32 and the cross-entropy saves fp32 log-probabilities; at the
 start of backward the log-probs, their gradient and the logits' gradient are alive at once: `logits` =
@@ -126,7 +129,7 @@ class MemoryEstimate:
     seq_len: int
     micro_batch: int
     offload: bool
-    checkpointing: bool
+    checkpointing: bool | int  # True: every layer; k: every k-th layer
     flash_attention: bool
     parameters: int
     gradients: int
@@ -213,20 +216,30 @@ def activation_bytes(
     seq_len: int,
     micro_batch: int,
     precision: str = "bf16",
-    checkpointing: bool = False,
+    checkpointing: bool | int = False,
     flash_attention: bool = True,
 ) -> int:
-    """Saved-for-backward bytes of the decoder stack (embedding output to the final norm) for one micro-batch."""
+    """Peak saved-for-backward bytes of the decoder stack (embedding output to the final norm), one micro-batch.
+
+    `checkpointing`: False, True (every layer) or k (every k-th layer, layers 0, k, 2k, ...: transformers'
+    `every_n_layers`). A checkpointed layer keeps only its input (e*h per token) from forward to backward and
+    rebuilds its working set in backward, one layer at a time; the other layers keep theirs. Checked against the
+    tensors autograd saves (tests/training/test_activation_checkpointing.py: within 1 % in fp32 at no, full,
+    every-2 and every-3 checkpointing).
+    """
     e = BYTES_PER_PARAMETER[precision][3]
     tokens = seq_len * micro_batch
     layers = [
         layer_activation_bytes_per_token(config, seq_len, precision, flash_attention, kind) * tokens
         for kind in mlp_kinds(config)
     ]
-    if checkpointing:  # the layers' inputs, and one layer's working set at a time
-        stack = config.num_hidden_layers * e * config.hidden_size * tokens + max(layers)
-    else:
-        stack = sum(layers)
+    every = int(checkpointing)  # True -> 1 (every layer), False -> 0 (none)
+    if every < 0:
+        raise ValueError(f"checkpointing={checkpointing!r} is invalid; use False, True or every k-th layer (k >= 1).")
+    recomputed = [b for i, b in enumerate(layers) if every and i % every == 0]
+    kept = [b for i, b in enumerate(layers) if not (every and i % every == 0)]
+    inputs = len(recomputed) * e * config.hidden_size * tokens
+    stack = sum(kept) + inputs + max(recomputed, default=0)
     final_norm = _norm_bytes_per_token(config.hidden_size, e) * tokens
     rope = 2 * seq_len * head_dim(config) * e
     return stack + final_norm + rope
@@ -255,7 +268,7 @@ def estimate_memory(
     seq_len: int | None = None,
     micro_batch: int = 1,
     offload: bool = False,
-    checkpointing: bool = False,
+    checkpointing: bool | int = False,
     flash_attention: bool = True,
     *,
     device: str | None = None,
@@ -363,6 +376,12 @@ def estimate_memory(
     )
 
 
+def _checkpointing_label(checkpointing: bool | int) -> str:
+    if checkpointing is True or checkpointing == 1:
+        return "full activation checkpointing"
+    return f"activation checkpointing every {checkpointing} layers" if checkpointing else "no activation checkpointing"
+
+
 def format_estimate(estimate: MemoryEstimate) -> str:
     """One screen: each component per GPU in GiB and GB (10^9 bytes) with its formula, the total and the verdict."""
     est = estimate
@@ -376,8 +395,10 @@ def format_estimate(estimate: MemoryEstimate) -> str:
     if est.fsdp2:
         optim_what += "; the fp32 shards are the master"
     tokens = f"{est.seq_len} x {est.micro_batch}"
-    if est.checkpointing:
+    if est.checkpointing is True:
         activations = f"L x {tokens} x {e} B x h (layer inputs) + one layer"
+    elif est.checkpointing:
+        activations = f"checkpointed layers' inputs ({tokens} x {e} B x h each) + one layer + the other layers"
     else:
         kernel = "flash" if est.flash_attention else "softmax kept"
         activations = f"{est.num_layers} x {tokens} x {est.layer_bytes_per_token:,} B/token ({kernel}) + final norm"
@@ -417,7 +438,7 @@ def format_estimate(estimate: MemoryEstimate) -> str:
         f"{'s' if n > 1 else ''}{', CPU offload' if est.offload else ''}\n"
         f"sequence {est.seq_len} x micro-batch {est.micro_batch}, "
         f"{'flash attention' if est.flash_attention else 'no flash attention'}, "
-        f"{'full activation checkpointing' if est.checkpointing else 'no activation checkpointing'}\n"
+        f"{_checkpointing_label(est.checkpointing)}\n"
     )
     width = 96
 
@@ -460,7 +481,15 @@ def cli(argv: list[str]) -> int:
     parser.add_argument(
         "--fsdp2", action="store_true", help="FSDP2 (fully_shard) instead of DeepSpeed: implies --zero 3"
     )
-    parser.add_argument("--checkpointing", action="store_true", help="full activation checkpointing")
+    parser.add_argument(
+        "--checkpointing",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        metavar="K",
+        help="activation checkpointing of every layer, or of every K-th layer (transformers' every_n_layers)",
+    )
     parser.add_argument(
         "--no-flash-attention", action="store_true", help="a kernel that keeps the s x s softmax (eager)"
     )
@@ -479,7 +508,7 @@ def cli(argv: list[str]) -> int:
         args.seq,
         args.micro_batch,
         args.offload,
-        args.checkpointing,
+        {0: False, 1: True}.get(args.checkpointing, args.checkpointing),
         not args.no_flash_attention,
         device=args.device,
         device_memory_gb=args.device_memory_gb,

@@ -205,6 +205,16 @@ class PretrainModel(PretrainPreTrainedModel):
         key = (device, dtype, training, packed, self.config.attention_backend)
         if key == self._plan_key:
             return
+        if torch.compiler.is_compiling():  # detecting kernels cannot be traced: plan outside the graph (a break)
+            logger.warning_once(
+                "torch.compile: the attention plan is made in a graph break; pin it first (PretrainTrainer does) or "
+                "run one eager forward with the same device, dtype, mode and packing."
+            )
+            return _plan_outside_graph(self, key, packed)
+        self._plan(key, packed)
+
+    def _plan(self, key: tuple, packed: bool) -> None:
+        device, dtype, training = key[:3]
         env = Environment.detect(device, dtype, training)
         try:
             plan = plan_attention(self.config, env, packed)
@@ -292,6 +302,11 @@ class PretrainModel(PretrainPreTrainedModel):
             cache=cache if use_cache else None,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
         )
+
+
+@torch.compiler.disable
+def _plan_outside_graph(model: PretrainModel, key: tuple, packed: bool) -> None:
+    model._plan(key, packed)
 
 
 class PretrainForCausalLM(PretrainPreTrainedModel, GenerationMixin):

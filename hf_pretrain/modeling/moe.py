@@ -70,6 +70,12 @@ def expert_capacity(num_tokens: int, top_k: int, num_experts: int, capacity_fact
     return math.ceil(capacity_factor * num_tokens * top_k / num_experts)
 
 
+def expert_counts(experts: torch.Tensor, num_bins: int) -> torch.Tensor:
+    """Pairs per expert id: `bincount` with a shape known before the data (torch.compile traces it, no break)."""
+    flat = experts.reshape(-1)
+    return torch.zeros(num_bins, dtype=flat.dtype, device=flat.device).index_add_(0, flat, torch.ones_like(flat))
+
+
 def capacity_mask(experts: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
     """(T, k) bool: which (token, expert) pairs fit in their expert's `capacity` slots.
 
@@ -80,7 +86,7 @@ def capacity_mask(experts: torch.Tensor, num_experts: int, capacity: int) -> tor
     num_tokens, top_k = experts.shape
     flat = experts.t().reshape(-1)  # choice-major: every token's first choice comes first
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    counts = expert_counts(flat, num_experts)
     starts = torch.cumsum(counts, 0) - counts
     position = torch.empty_like(flat)
     position[order] = torch.arange(flat.numel(), device=flat.device) - starts[flat[order]]
@@ -115,20 +121,15 @@ class PretrainExperts(nn.Module):
         num_tokens, top_k = experts.shape
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)  # pairs grouped by expert, dropped pairs (id E) last
-        counts = torch.bincount(flat, minlength=self.num_experts + 1)
-        sizes = counts[: self.num_experts].tolist()  # the one host sync of the layer
+        sizes = expert_counts(flat, self.num_experts + 1)[: self.num_experts].tolist()  # the one host sync
         kept = order[: sum(sizes)]
         tokens = kept // top_k
         inputs = hidden_states[tokens]
         outputs = []
-        for expert, chunk in enumerate(inputs.split(sizes)):
-            if chunk.shape[0] == 0:
-                continue
+        for expert, chunk in enumerate(inputs.split(sizes)):  # an empty chunk costs an empty matmul, no branch
             gate, up = F.linear(chunk, self.gate_up_proj[expert]).chunk(2, dim=-1)
             outputs.append(F.linear(self.act_fn(gate) * up, self.down_proj[expert]))
         out = hidden_states.new_zeros(num_tokens, hidden_states.shape[-1])
-        if not outputs:
-            return out
         weighted = torch.cat(outputs) * weights.reshape(-1)[kept].unsqueeze(-1)
         return out.index_add_(0, tokens, weighted.to(out.dtype))
 
@@ -218,14 +219,22 @@ def routing_statistics(
 
 
 class MoEMetrics:
-    """Running sums since the last `pop()`, kept on the device (no host sync per step); `MoECallback` pops them."""
+    """Running sums since the last `pop()`, kept on the device (no host sync per step); `MoECallback` pops them.
+
+    The forward count is a tensor and the sums are updated in place, so a compiled forward (torch.compile of the
+    whole model) traces `add` without a graph break and without recompiling at every step (an int counter would be
+    a new constant each step); the empty state after a `pop` is the one other traced case.
+    """
 
     def __init__(self):
         self.reset()
 
     def reset(self) -> None:
-        self.forwards = 0
-        self._sums: dict[str, torch.Tensor] = {}
+        self._sums: dict[str, torch.Tensor] | None = None
+
+    @property
+    def forwards(self) -> int:
+        return 0 if self._sums is None else int(self._sums["forwards"].item())
 
     def add(self, stats: RoutingStatistics) -> None:
         values = {
@@ -234,16 +243,19 @@ class MoEMetrics:
             "load": stats.expert_load.detach(),
             "dropped": stats.dropped.detach().double(),
             "routed": stats.routed.detach().double(),
+            "forwards": torch.ones((), dtype=torch.long, device=stats.aux_loss.device),
         }
+        if self._sums is None:
+            self._sums = {key: value.clone() for key, value in values.items()}
+            return
         for key, value in values.items():
-            self._sums[key] = self._sums[key] + value if key in self._sums else value.clone()
-        self.forwards += 1
+            self._sums[key].add_(value)
 
     def pop(self, per_layer: bool = False) -> dict[str, float]:
         """Means over the forwards since the last pop (empty when there were none), then reset."""
-        if not self.forwards:
-            return {}
         n, sums = self.forwards, self._sums
+        if not n:
+            return {}
         load = (sums["load"] / n).tolist()  # (MoE layers, E)
         metrics = {
             "moe_aux_loss": (sums["aux"] / n).item(),

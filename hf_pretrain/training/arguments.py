@@ -27,6 +27,8 @@ the same command line a transformers user already writes. Differences:
   embeddings, head, norms, biases and routers), tuned by `muon_lr`, `muon_momentum` and
   `muon_adjust_lr`; it sets `pretrain_optimizer` and leaves `optim` at `adamw_torch` (transformers
   validates `optim` against its own list, as with `lr_scheduler_type`).
+- `torch_compile_scope` (`model` | `blocks`): with `--torch_compile`, compile the whole model or each
+  decoder layer in place (`compile.py`); the first logs report the compile time (`preflight/compile.py`).
 - `use_cpu` defaults to `None` = auto: True when torch sees no accelerator, so a CPU-only machine
   trains on CPU (gloo for several processes) without a flag.
 """
@@ -233,12 +235,21 @@ class PretrainingArguments(TrainingArguments):
             "AdamW's rate carries over) or 'original' (lr x sqrt(max(1, rows/cols)), lr about 0.02)."
         },
     )
+    torch_compile_scope: str = field(
+        default="model",
+        metadata={
+            "help": "With torch_compile: 'model' (the whole model, transformers' way) or 'blocks' (each decoder layer "
+            "compiled in place: compile time flat with depth). See hf_pretrain/training/compile.py."
+        },
+    )
     use_cpu: bool | None = field(
         default=None,
         metadata={"help": "Train on CPU. Default: auto, True when no GPU/accelerator is visible."},
     )
 
     def __post_init__(self):
+        if self.torch_compile_scope not in ("model", "blocks"):
+            raise ValueError(f"torch_compile_scope={self.torch_compile_scope!r} is invalid; use 'model' or 'blocks'.")
         if self.attn_fallback not in ("warn", "error", "ignore"):
             raise ValueError(f"attn_fallback={self.attn_fallback!r} is invalid; use 'warn', 'error' or 'ignore'.")
         if self.precision is not None:

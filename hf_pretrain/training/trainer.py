@@ -48,6 +48,7 @@ from .tokens import TokenCounter
 from .wiring import (
     attention_preflight_for,
     callbacks_from_arguments,
+    compile_from_arguments,
     packed_documents,
     precision_from_arguments,
 )
@@ -69,6 +70,7 @@ class PretrainTrainer(Trainer):
         self.data_position = DataPosition(self)
         self.checkpointing = Checkpointing(self)
         self._pending_preflight_logs: dict = {}
+        self._compile_callback = None
         self._attached: list[PretrainCallback] = []  # what train() attached; detached when it returns
         self._micro_batch_timers: list = []
         if not self.extras:
@@ -109,6 +111,7 @@ class PretrainTrainer(Trainer):
         saved = read_run_state(checkpoint) if checkpoint else {}
         if self.loss_guard is not None and "loss_guard" in saved:
             self.loss_guard.load_state(saved["loss_guard"])
+        self._compile_callback = compile_from_arguments(self)
         self._attach_callbacks()
         try:
             while True:
@@ -129,10 +132,20 @@ class PretrainTrainer(Trainer):
     def _attach_callbacks(self) -> None:
         self.tokens.reset()
         callbacks = ([self.loss_guard] if self.loss_guard is not None else []) + callbacks_from_arguments(self)
+        if self._compile_callback is not None:
+            callbacks.append(self._compile_callback)
         for callback in callbacks:
             self.add_callback(callback)
         self._attached = callbacks
         self._micro_batch_timers = [c for c in callbacks if c.times_micro_batches]
+
+    def _build_accelerator_args(self, **kwargs) -> dict:  # compile.py: scope 'blocks' compiles in place, not accelerate
+        args = super()._build_accelerator_args(**kwargs)
+        if self.args.torch_compile and getattr(self.args, "torch_compile_scope", "model") == "blocks":
+            from accelerate.utils import TorchDynamoPlugin
+
+            args["dynamo_plugin"] = TorchDynamoPlugin(backend="no")
+        return args
 
     def _rollback_checkpoint(self, spike_step: int) -> str:
         try:

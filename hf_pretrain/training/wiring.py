@@ -1,5 +1,5 @@
 """What `PretrainTrainer` builds from its arguments: the loss guard, the callbacks of a `train()` call, the
-precision recipe and the attention preflight.
+precision recipe, the attention preflight and the compile scope.
 
 Plain `TrainingArguments` lack hf_pretrain's fields: each callback reads its own with the defaults it owns
 (`PretrainCallback.arguments`, which `PretrainingArguments` declares its fields from), so a `Trainer` script gets
@@ -17,12 +17,14 @@ from ..modeling.attention import Environment, plan_attention
 from ..precision import apply_precision
 from ..precision.recipes import RECIPES
 from ..preflight.attention import AttentionReport, attention_preflight, enforce_attention_policy
+from ..preflight.compile import CompileCallback
 from ..telemetry.hardware import HardwareSensorsCallback
 from ..telemetry.jsonl import JsonlCallback
 from ..telemetry.moe import MoECallback
 from ..telemetry.straggler import StragglerCallback
 from ..telemetry.throughput import ThroughputCallback, sequence_length
 from ..telemetry.underclock import UnderclockCallback
+from .compile import compile_blocks, compile_kwargs, prepare_compile
 
 
 def _get(args, name, default):
@@ -69,6 +71,19 @@ def callbacks_from_arguments(trainer) -> list[PretrainCallback]:
         if callback is not None:
             built.append(callback)
     return built
+
+
+def compile_from_arguments(trainer) -> CompileCallback | None:
+    """With `torch_compile`: prepare the model for Dynamo, compile its blocks in place for
+    `torch_compile_scope='blocks'` (accelerate compiles the whole model otherwise), and the callback that
+    reports the compile time."""
+    args = trainer.args
+    if not args.torch_compile:
+        return None
+    scope = _get(args, "torch_compile_scope", "model")
+    prepare_compile(trainer.model)
+    blocks = compile_blocks(trainer.model, **compile_kwargs(args)) if scope == "blocks" else None
+    return CompileCallback(scope, compile_kwargs(args)["backend"], blocks, print_report=trainer.is_world_process_zero())
 
 
 def packed_documents(collator) -> bool:
