@@ -4,7 +4,25 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+import pytest  # noqa: E402
+
 from hf_pretrain import PretrainConfig  # noqa: E402
+from hf_pretrain.rehearse.launch import build_deepspeed_ops, environment  # noqa: E402
+
+# DeepSpeed's JIT-built CPU comm op, cached per Python environment (see rehearse/launch.py): every process the tests
+# start inherits the cache, so a fresh environment builds the op once, not inside a test's time limit.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", environment()["TORCH_EXTENSIONS_DIR"])
+
+
+@pytest.fixture(scope="session")
+def deepspeed_ops():
+    build_deepspeed_ops()
+
+
+@pytest.fixture(autouse=True)
+def _deepspeed_ops_before_multiprocess_tests(request):
+    if request.node.get_closest_marker("distributed"):
+        request.getfixturevalue("deepspeed_ops")
 
 
 def small_config(**overrides) -> PretrainConfig:

@@ -37,7 +37,7 @@ def launch(*launch_args: str, out: Path, per_device: int, extra=()) -> subproces
 
 def finish(*processes: subprocess.Popen) -> None:
     for process in processes:
-        output, _ = process.communicate(timeout=600)
+        output, _ = process.communicate(timeout=1200)
         assert process.returncode == 0, output.decode()[-4000:]
 
 

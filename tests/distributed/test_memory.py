@@ -265,7 +265,7 @@ def test_estimate_matches_measured_cpu_peak():
     for _ in range(2):
         for name, spec in CASES.items():
             run = subprocess.run(
-                [sys.executable, "-c", MEASURE, json.dumps(spec)], capture_output=True, text=True, env=env, timeout=300
+                [sys.executable, "-c", MEASURE, json.dumps(spec)], capture_output=True, text=True, env=env, timeout=600
             )
             assert run.returncode == 0, run.stderr[-3000:]
             deltas[name].append(json.loads(run.stdout.strip().splitlines()[-1]))

@@ -30,7 +30,7 @@ def launch(out, per_device, *extra, processes=2, config=CONFIGS / "cpu_2proc.yam
         str(per_device),
         *extra,
     ]
-    return subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    return subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1200)
 
 
 def losses(out, run):

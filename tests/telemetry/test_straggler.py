@@ -184,7 +184,7 @@ def launch(tmp_path, nproc, slow=None, accumulation=1, threshold=0.75, steps=8, 
         str(steps),
         str(every),
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=HERE.parents[1])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=HERE.parents[1])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return read_jsonl(tmp_path), proc
 
