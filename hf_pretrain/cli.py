@@ -186,7 +186,7 @@ def plot_schedule_cli(argv: list[str]) -> int:
 
 
 def estimate_memory_cli(argv: list[str]) -> int:
-    from .distributed.memory import cli
+    from .estimate_memory import cli
 
     return cli(argv)
 

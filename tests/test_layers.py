@@ -5,7 +5,13 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_pretrain"
-APPLICATIONS = ("hf_pretrain.cli", "hf_pretrain.trial", "hf_pretrain.plan", "hf_pretrain.rehearse")
+APPLICATIONS = (
+    "hf_pretrain.cli",
+    "hf_pretrain.estimate_memory",
+    "hf_pretrain.trial",
+    "hf_pretrain.plan",
+    "hf_pretrain.rehearse",
+)
 
 
 def module_name(path: Path) -> str:

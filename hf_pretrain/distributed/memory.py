@@ -1,7 +1,8 @@
 """Per-GPU training memory of a `PretrainConfig` under ZeRO 0-3: model states, activations, loss, headroom.
 
 `estimate_memory(config, zero, gpus, precision, seq_len, micro_batch, ...)` returns a `MemoryEstimate` in
-bytes per GPU; `format_estimate` prints it as one screen; `cli(argv)` is `hf-pretrain estimate-memory`.
+bytes per GPU; `format_estimate` (`memory_format.py`) prints it as one screen; `hf-pretrain estimate-memory`
+(`hf_pretrain/estimate_memory.py`, an application) is its command line.
 Every number is a formula of the config (no model is built), so it prices a 7B on a laptop.
 
 Model states (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
@@ -99,9 +100,7 @@ pipeline or tensor parallelism (not modelled: every GPU holds all layers).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 from dataclasses import dataclass, field
 
 from ..chips import device_memory_bytes, known_chips
@@ -374,146 +373,3 @@ def estimate_memory(
         device_bytes=device_bytes,
         notes=notes,
     )
-
-
-def _checkpointing_label(checkpointing: bool | int) -> str:
-    if checkpointing is True or checkpointing == 1:
-        return "full activation checkpointing"
-    return f"activation checkpointing every {checkpointing} layers" if checkpointing else "no activation checkpointing"
-
-
-def format_estimate(estimate: MemoryEstimate) -> str:
-    """One screen: each component per GPU in GiB and GB (10^9 bytes) with its formula, the total and the verdict."""
-    est = estimate
-    weight, grad, optim, e = BYTES_PER_PARAMETER[est.precision]
-    unit_bytes = weight + grad  # a gathered unit, in the compute dtype
-    if est.fsdp2:  # fp32 shards: the master weights, their gradients, Adam's m and v
-        weight, grad, optim = 4, 4, 8
-    n = est.gpus
-    split = {k: f" / {n}" if est.zero >= stage and n > 1 else "" for k, stage in (("p", 3), ("g", 2), ("o", 1))}
-    optim_what = "fp32 master, Adam m, v" if optim == 12 else "Adam m, v"
-    if est.fsdp2:
-        optim_what += "; the fp32 shards are the master"
-    tokens = f"{est.seq_len} x {est.micro_batch}"
-    if est.checkpointing is True:
-        activations = f"L x {tokens} x {e} B x h (layer inputs) + one layer"
-    elif est.checkpointing:
-        activations = f"checkpointed layers' inputs ({tokens} x {e} B x h each) + one layer + the other layers"
-    else:
-        kernel = "flash" if est.flash_attention else "softmax kept"
-        activations = f"{est.num_layers} x {tokens} x {est.layer_bytes_per_token:,} B/token ({kernel}) + final norm"
-    rows = [
-        ("parameters", est.parameters, f"{weight} B x Psi{split['p']}" + (" -> CPU" if not est.parameters else "")),
-        ("gradients", est.gradients, f"{grad} B x Psi{split['g']}"),
-    ]
-    if est.gradient_partition_fp32:
-        rows.append(
-            (
-                "fp32 grad partition",
-                est.gradient_partition_fp32,
-                f"4 B x Psi / {n}, in the step only: total takes max(it, activations + loss + gathered)",
-            )
-        )
-    rows += [
-        (
-            "optimizer states",
-            est.optimizer_states,
-            f"{optim} B x Psi{split['o']} ({optim_what})" + (" -> CPU" if est.offload else ""),
-        ),
-        ("activations", est.activations, activations),
-        (
-            "logits / loss",
-            est.logits,
-            "chunked: one chunk of fp32 logits + the head's weight grad (no full logits)"
-            if est.chunked_loss
-            else f"12 B x {tokens} x V (fp32 log-probs, their grad, logits' grad)",
-        ),
-    ]
-    if est.zero3_gathered:
-        name = "FSDP2 gathered" if est.fsdp2 else "ZeRO-3 gathered"
-        rows.append((name, est.zero3_gathered, f"{unit_bytes} B x largest layer or vocab matrix"))
-    head = (
-        f"{est.model}: {est.num_parameters / 1e9:.3f} B parameters (Psi), {est.precision}, "
-        f"{'FSDP2' if est.fsdp2 else f'ZeRO-{est.zero}'} over {n} GPU"
-        f"{'s' if n > 1 else ''}{', CPU offload' if est.offload else ''}\n"
-        f"sequence {est.seq_len} x micro-batch {est.micro_batch}, "
-        f"{'flash attention' if est.flash_attention else 'no flash attention'}, "
-        f"{_checkpointing_label(est.checkpointing)}\n"
-    )
-    width = 96
-
-    def line(name: str, value: int, text: str = "") -> str:
-        return f"{name:<20}{value / GiB:>8.2f}{value / 1e9:>8.2f}   {text}".rstrip()
-
-    lines = [head, f"{'per GPU':<20}{'GiB':>8}{'GB':>8}   formula", "-" * width]
-    lines += [line(name, value, formula) for name, value, formula in rows]
-    lines += ["-" * width, line("total", est.total)]
-    if est.device_bytes is not None:
-        lines.append(line("device", est.device_bytes, est.device))
-        lines.append(line("free", est.free_bytes, est.verdict))
-    if est.offload:
-        lines.append(line("CPU per rank", est.cpu_bytes, "host memory for each GPU's rank (x ranks per node)"))
-    lines += [f"note: {note}" for note in est.notes]
-    lines.append(
-        "not counted: CUDA context (~0.5-1 GiB), fragmentation, NCCL/DeepSpeed buckets, kernel workspaces "
-        "(docs/memory.md)"
-    )
-    return "\n".join(lines)
-
-
-def cli(argv: list[str]) -> int:
-    """`hf-pretrain estimate-memory`: prints the table (or JSON); exit status 1 when it does not fit the device."""
-    from ..presets import PRESETS, load_config
-
-    parser = argparse.ArgumentParser(
-        prog="hf-pretrain estimate-memory",
-        description="Per-GPU memory of training a preset under ZeRO 0-3 (formulas: docs/memory.md).",
-    )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--preset", choices=sorted(PRESETS), help="a size preset")
-    source.add_argument("--config", help="a preset name, saved model directory or config.json")
-    parser.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage (default 0: DDP)")
-    parser.add_argument("--gpus", type=int, default=1, help="data-parallel GPUs the states are partitioned over")
-    parser.add_argument("--precision", choices=PRECISIONS, default="bf16")
-    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: max_position_embeddings)")
-    parser.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per forward")
-    parser.add_argument("--offload", action="store_true", help="DeepSpeed CPU offload (optimizer; ZeRO-3: weights)")
-    parser.add_argument(
-        "--fsdp2", action="store_true", help="FSDP2 (fully_shard) instead of DeepSpeed: implies --zero 3"
-    )
-    parser.add_argument(
-        "--checkpointing",
-        type=int,
-        nargs="?",
-        const=1,
-        default=0,
-        metavar="K",
-        help="activation checkpointing of every layer, or of every K-th layer (transformers' every_n_layers)",
-    )
-    parser.add_argument(
-        "--no-flash-attention", action="store_true", help="a kernel that keeps the s x s softmax (eager)"
-    )
-    parser.add_argument("--device", default=None, help=f"GPU name, one of {known_chips('memory')}")
-    parser.add_argument("--device-memory-gb", type=float, default=None, help="device memory in GiB (overrides)")
-    parser.add_argument("--json", action="store_true", help="print the estimate as JSON (bytes)")
-    args = parser.parse_args(argv)
-    if args.fsdp2 and args.zero not in (0, 3):
-        parser.error(f"--fsdp2 shards everything, like ZeRO-3: drop --zero {args.zero}")
-    name = args.preset or args.config
-    estimate = estimate_memory(
-        load_config(name),
-        3 if args.fsdp2 else args.zero,
-        args.gpus,
-        args.precision,
-        args.seq,
-        args.micro_batch,
-        args.offload,
-        {0: False, 1: True}.get(args.checkpointing, args.checkpointing),
-        not args.no_flash_attention,
-        device=args.device,
-        device_memory_gb=args.device_memory_gb,
-        model=name,
-        fsdp2=args.fsdp2,
-    )
-    print(json.dumps(estimate.to_dict(), indent=2) if args.json else format_estimate(estimate))
-    return 1 if estimate.fits is False else 0

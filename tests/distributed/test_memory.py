@@ -10,12 +10,8 @@ import torch
 
 from hf_pretrain import PretrainForCausalLM
 from hf_pretrain.distributed import MemoryEstimate, estimate_memory, format_estimate
-from hf_pretrain.distributed.memory import (
-    activation_bytes,
-    cli,
-    count_parameters,
-    device_memory_bytes,
-)
+from hf_pretrain.distributed.memory import activation_bytes, count_parameters, device_memory_bytes
+from hf_pretrain.estimate_memory import cli
 from hf_pretrain.modeling.loss import chunk_rows
 from hf_pretrain.presets import get_preset
 from tests.distributed.live_tensors import run_inventory

@@ -4,7 +4,7 @@ tensor alive in a real 2-process FSDP2 run (fsdp2_inventory.py)."""
 import pytest
 
 from hf_pretrain.distributed import estimate_memory, format_estimate
-from hf_pretrain.distributed.memory import cli
+from hf_pretrain.estimate_memory import cli
 from hf_pretrain.presets import get_preset
 from tests.distributed.live_tensors import run_inventory
 
