@@ -52,17 +52,22 @@ def median_time(fn, device: str, repeats: int) -> float:
     return statistics.median(times)
 
 
-def layer_times(a, device: str, dtype: torch.dtype) -> None:
-    config = get_preset(
+def window_pair(window: int, heads: int, head_dim: int, seq_len: int):
+    """Two layers, sliding (0) then full (1), of the attention shape under test (also used by gpu_check.py)."""
+    return get_preset(
         "gpt2-124m",
         num_hidden_layers=2,
         window_pattern="SL",
-        sliding_window=a.window,
-        num_attention_heads=a.heads,
-        num_key_value_heads=a.heads,
-        hidden_size=a.heads * a.head_dim,
-        max_position_embeddings=a.seq_len,
+        sliding_window=window,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        hidden_size=heads * head_dim,
+        max_position_embeddings=seq_len,
     )
+
+
+def layer_times(a, device: str, dtype: torch.dtype) -> None:
+    config = window_pair(a.window, a.heads, a.head_dim, a.seq_len)
     model = PretrainForCausalLM(config).to(device)
     env = Environment.detect(device, dtype, training=True)
     shape = (a.batch, a.heads, a.seq_len, a.head_dim)

@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if importlib.util.find_spec("hf_pretrain") is None:  # the checkout travels without being installed
+if str(ROOT) not in sys.path:  # the checkout travels without being installed; benchmarks/ and tests/ import from it
     sys.path.insert(0, str(ROOT))
 
 TRANSFORMERS_FLOOR = (5, 24)
@@ -346,7 +346,8 @@ def check_fp8_vs_bf16(ctx: Context) -> dict:
 
 def check_flex_vs_sdpa(ctx: Context) -> dict:
     require(old_transformers())
-    from hf_pretrain import PretrainForCausalLM, get_preset
+    from benchmarks.attention import window_pair
+    from hf_pretrain import PretrainForCausalLM
     from hf_pretrain.modeling.attention import (
         SLIDING,
         Environment,
@@ -358,16 +359,7 @@ def check_flex_vs_sdpa(ctx: Context) -> dict:
     )
 
     s = ctx.sizes
-    config = get_preset(
-        "gpt2-124m",
-        num_hidden_layers=2,
-        window_pattern="SL",
-        sliding_window=s.attn_window,
-        num_attention_heads=s.attn_heads,
-        num_key_value_heads=s.attn_heads,
-        hidden_size=s.attn_heads * s.attn_head_dim,
-        max_position_embeddings=s.attn_seq,
-    )
+    config = window_pair(s.attn_window, s.attn_heads, s.attn_head_dim, s.attn_seq)
     model = PretrainForCausalLM(config).to(ctx.device)
     env = Environment.detect(ctx.device, ctx.dtype, training=True)
     need = LayerNeed(SLIDING, s.attn_window, packed=False)
