@@ -161,7 +161,10 @@ def prepare_data(data_args: DataArguments, args: PretrainingArguments, vocab_siz
     from transformers import AutoTokenizer
 
     cache = Path(data_args.data_cache_dir or Path(args.output_dir) / "data")
-    with args.main_process_first(desc="corpus, tokenizer and packing"):
+    # The whole world's main process first, not each node's: nodes that share a filesystem (and the two "nodes" of
+    # a rehearsal on one machine) would otherwise write the same cache at once; the others then reuse it, or
+    # prepare their own copy where the filesystem is not shared.
+    with args.main_process_first(local=False, desc="corpus, tokenizer and packing"):
         source = data_args.dataset_path
         if not source:
             source = str(write_embedded_corpus(cache / "corpus", data_args.heldout_fraction)["train"].parent)
