@@ -136,16 +136,6 @@ def test_the_shipped_configs_pass(tmp_path, monkeypatch, config):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_fsdp2_on_cpu(tmp_path, monkeypatch):
-    pytest.skip(
-        "not rehearsed on this branch: the CPU FSDP2 accelerate config is added on another branch, and FSDP2 on gloo "
-        "CPU ranks was not tried here; rehearse reads FSDP configs (test_the_shipped_configs_become_two_cpu_processes...) "
-        "and names a SHARDED_STATE_DICT final save as the reason a consolidated save fails"
-    )
-
-
-@pytest.mark.slow
-@pytest.mark.distributed
 def test_zero3_without_16bit_gathering_fails_the_consolidated_save(tmp_path, monkeypatch):
     result, checks = rehearsal(tmp_path, monkeypatch, HERE / "zero3_no_gather.yaml")
     check = checks["consolidated save + export"]
