@@ -178,9 +178,15 @@ def describe(model: nn.Module, muon_names: list[str], adamw_names: list[str], mu
 
 
 def check_optimizer_supported(trainer) -> None:
-    """Refuse Muon where the weights are not whole on each rank (DeepSpeed, FSDP)."""
+    """Refuse Muon where the weights are not whole on each rank (DeepSpeed, FSDP), or beside an optimizer the
+    user passed (`optimizers=`), which would win and leave `optim='muon'` unused without a word."""
     if getattr(trainer.args, "pretrain_optimizer", None) != "muon":
         return
+    if trainer.optimizer is not None:
+        raise ValueError(
+            "optim='muon' and an optimizer passed in optimizers=(...) both name the optimizer: drop one "
+            "(optim='adamw_torch' to keep yours, or optimizers=(None, scheduler) to train with Muon)."
+        )
     sharding = "DeepSpeed" if trainer.is_deepspeed_enabled else "FSDP" if trainer.is_fsdp_enabled else None
     if sharding:
         raise ValueError(

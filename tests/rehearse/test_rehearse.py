@@ -122,7 +122,9 @@ def rehearsal(tmp_path, monkeypatch, config: Path, script: str = "examples/pretr
 
 
 @pytest.mark.parametrize(
-    "config", ["cpu_2proc.yaml", "deepspeed_zero3_8gpu.yaml", "two_nodes.yaml"], ids=["ddp", "zero3", "two_nodes"]
+    "config",
+    ["cpu_2proc.yaml", "deepspeed_zero3_8gpu.yaml", "two_nodes.yaml", "fsdp2_8gpu.yaml"],
+    ids=["ddp", "zero3", "two_nodes", "fsdp2"],
 )
 @pytest.mark.slow
 @pytest.mark.distributed

@@ -199,3 +199,13 @@ def test_an_fsdp_trainer_refuses_muon(tmp_path):
         check_optimizer_supported(trainer)
     trainer.args.pretrain_optimizer = None  # AdamW under FSDP: nothing to refuse
     check_optimizer_supported(trainer)
+
+
+def test_an_optimizer_passed_beside_optim_muon_is_refused_not_ignored(tmp_path):
+    model = PretrainForCausalLM(small_config())
+    mine = torch.optim.SGD(model.parameters(), lr=0.1)
+    args = quick_args(tmp_path, max_steps=1, optim="muon", measure_peak_tflops=False)
+    with pytest.raises(ValueError, match=r"optim='muon' and an optimizer passed in optimizers=\(...\) both"):
+        PretrainTrainer(model=model, args=args, train_dataset=dataset(), optimizers=(mine, None))
+    trainer = PretrainTrainer(model=model, args=args, train_dataset=dataset(), optimizers=(None, None))
+    assert isinstance(trainer.create_optimizer(), MuonWithAdamW)
