@@ -148,7 +148,8 @@ def checkpoint(killed: RunResult, topology: Topology, save_steps: int) -> Check:
             f"checkpoints before the kill at step {killed.killed['step']}: {names or 'none'}, expected {expected}",
             "save with --save_strategy steps --save_steps N on every rank (trainer.save_model / Trainer checkpoints)",
         )
-    result = check_checkpoint(found[0], topology.processes, deepspeed=topology.deepspeed_file is not None)
+    deepspeed, fsdp = topology.deepspeed_file is not None, topology.config.get("distributed_type") == "FSDP"
+    result = check_checkpoint(found[0], topology.processes, deepspeed=deepspeed, fsdp=fsdp)
     if not result.ok:
         return Check(name, "failed", f"{found[0].name} cannot be resumed: {'; '.join(result.problems)}", "")
     return Check(name, "passed", f"{', '.join(names)} written; {found[0].name} complete and readable")
