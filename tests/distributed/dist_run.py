@@ -1,7 +1,7 @@
 """Launched by test_distributed.py (under `accelerate launch` or alone): a short run of the tiny preset.
 
 Usage: python tests/distributed/dist_run.py OUTPUT_DIR PER_DEVICE_BATCH [DEEPSPEED_CONFIG|-] [SAVE_STEPS] [resume]
-       [--optim NAME]
+       [--optim NAME] [--gradient_checkpointing]
 Writes OUTPUT_DIR/rank-<r>.json: the per-step losses, a checksum of every parameter (gathered under
 ZeRO-3 and FSDP2) and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model. The
 accelerate config picks DDP or FSDP2 (cpu_2proc.yaml, cpu_2proc_fsdp2.yaml).
@@ -54,6 +54,7 @@ def main(
     save_steps: int = 0,
     resume: bool = False,
     optim: str = "adamw_torch",
+    gradient_checkpointing: bool = False,
 ):
     torch.manual_seed(0)
     data = torch.randint(3, 500, (GLOBAL_BATCH * STEPS, SEQ), generator=torch.Generator().manual_seed(1))
@@ -69,6 +70,7 @@ def main(
         save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500,
         optim=optim,
+        gradient_checkpointing=gradient_checkpointing,
     )
     model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=2))
     losses = Losses()
@@ -78,6 +80,7 @@ def main(
     trainer.train(resume_from_checkpoint=True if resume else None)
     record = {"losses": losses.losses, "world_size": args.world_size, "digest": parameters_digest(trainer)}
     record["optimizer"] = type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__
+    record["gradient_checkpointing"] = trainer.model.is_gradient_checkpointing
     probe = data[:2]
     with torch.no_grad():  # every rank takes part (ZeRO-3 gathers the weights for the forward)
         logits = trainer.model_wrapped(input_ids=probe.to(args.device)).logits.float().cpu()
@@ -92,7 +95,9 @@ def main(
 
 if __name__ == "__main__":
     optim = sys.argv.pop(sys.argv.index("--optim") + 1) if "--optim" in sys.argv else "adamw_torch"
-    sys.argv = [a for a in sys.argv if a != "--optim"]
+    checkpointing = "--gradient_checkpointing" in sys.argv
+    sys.argv = [a for a in sys.argv if a not in ("--optim", "--gradient_checkpointing")]
     deepspeed_config = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
     save = int(sys.argv[4]) if len(sys.argv) > 4 else 0
-    main(sys.argv[1], int(sys.argv[2]), deepspeed_config, save, len(sys.argv) > 5 and sys.argv[5] == "resume", optim)
+    resume = len(sys.argv) > 5 and sys.argv[5] == "resume"
+    main(sys.argv[1], int(sys.argv[2]), deepspeed_config, save, resume, optim, checkpointing)

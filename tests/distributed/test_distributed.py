@@ -95,6 +95,17 @@ def test_zero3_two_processes_train_alike_and_save_full_weights(tmp_path, single)
     assert torch.allclose(logits, torch.tensor(records[0]["logits"]), atol=1e-5, rtol=0)
 
 
+def test_zero3_with_activation_checkpointing_follows_the_same_curve(tmp_path, single):
+    """Checkpointed blocks recompute their forward in backward, where ZeRO-3 gathers the partitioned weights a
+    second time: the losses and the weights must still be those of one process without checkpointing."""
+    config = ["--config_file", str(CONFIGS / "cpu_2proc.yaml"), "--main_process_port", str(free_port())]
+    extra = [str(ROOT / "ds_configs" / "zero3.json"), "0", "-", "--gradient_checkpointing"]
+    finish(launch(*config, out=tmp_path, per_device=4, extra=extra))
+    records = ranks(tmp_path)
+    assert [r["gradient_checkpointing"] for r in records] == [True, True]
+    assert_same_curve(records, single, 1e-5)
+
+
 def test_two_nodes_over_loopback(tmp_path, single):
     port = str(free_port())
     common = ["--multi_gpu", "--num_machines", "2", "--num_processes", "2", "--rdzv_backend", "static"]
