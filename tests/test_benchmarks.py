@@ -48,7 +48,8 @@ def test_data_pipeline_benchmark_runs_every_step(tmp_path, capsys):
 def test_muon_benchmark_prints_the_step_ratio_and_both_differences(tmp_path, capsys):
     result = load("muon").main(["--steps", "3", "--seq-len", "32", "--repeats", "2", "--workdir", str(tmp_path)])
     assert set(result) == {"step_time_ratio", "equal_steps_difference", "equal_time_difference"}
-    assert result["step_time_ratio"] > 0 and all(abs(v) < 10 for v in result.values())
+    assert result["step_time_ratio"] > 0  # a timing: printed, never bounded (it was 10.1 on a loaded CI machine)
+    assert abs(result["equal_steps_difference"]) < 10 and abs(result["equal_time_difference"]) < 10  # nats/token
     out = capsys.readouterr().out
     assert "Muon / AdamW" in out and "equal wall-clock" in out and "optimizer: Muon for 28 hidden matrices" in out
 
