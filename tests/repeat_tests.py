@@ -1,0 +1,101 @@
+"""Repeat tests in fresh pytest sessions and count, per test, how often it passed: the check that a multi-process
+test is not flaky (a test that fails 1 run in 4 rejects good work).
+
+Each round is one new `pytest` process over the selection (module fixtures, launches and process exits all happen
+anew), its results read from a JUnit XML file. The tally goes to `--out/tally.json` after every round (a run cut
+short keeps what it counted) and the output of every failing round to `--out/round-K.log`.
+
+    python -m tests.repeat_tests --rounds 30 -m distributed            # every multi-process test, 30 times
+    python -m tests.repeat_tests --rounds 30 tests/evaluation/test_generation_probe.py
+    python -m tests.repeat_tests --rounds 30 -m distributed --until 04:00   # stop starting rounds after 04:00
+
+Prints one line per round and, at the end, each test's passes / runs and its longest streak of passes in a row.
+This is a tool for developers, not part of `make test` (30 rounds of the multi-process tests take hours on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_round(selection: list[str], xml: Path, log: Path) -> tuple[dict[str, str], float, int]:
+    """One fresh pytest session: {test id: passed | failed | error | skipped}, its seconds, its exit code."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *selection]
+    start = time.monotonic()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    seconds = time.monotonic() - start
+    outcomes = read_junit(xml) if xml.exists() else {}
+    if result.returncode not in (0, 5) or any(o in ("failed", "error") for o in outcomes.values()):
+        log.write_text(result.stdout + result.stderr)
+    return outcomes, seconds, result.returncode
+
+
+def read_junit(xml: Path) -> dict[str, str]:
+    outcomes = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        tags = {child.tag for child in case}
+        outcomes[name] = next((t for t in ("failure", "error", "skipped") if t in tags), "passed")
+        outcomes[name] = {"failure": "failed"}.get(outcomes[name], outcomes[name])
+    return outcomes
+
+
+def update(tally: dict, outcomes: dict[str, str]) -> None:
+    for name, outcome in outcomes.items():
+        entry = tally.setdefault(name, {"runs": 0, "passed": 0, "failed": 0, "skipped": 0, "streak": 0, "best": 0})
+        entry["runs"] += 1
+        entry[{"error": "failed"}.get(outcome, outcome)] += 1
+        entry["streak"] = entry["streak"] + 1 if outcome == "passed" else 0
+        entry["best"] = max(entry["best"], entry["streak"])
+
+
+def deadline_after(now: datetime.datetime, clock: str | None) -> datetime.datetime | None:
+    """The first HH:MM at or after `now` (so 01:30 given at 22:00 is tomorrow's)."""
+    if not clock:
+        return None
+    hour, minute = (int(part) for part in clock.split(":"))
+    deadline = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    return deadline if deadline >= now else deadline + datetime.timedelta(days=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "repeat")
+    parser.add_argument("--until", help="HH:MM (local time): start no round after it")
+    args, selection = parser.parse_known_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tally: dict = {}
+    deadline = deadline_after(datetime.datetime.now(), args.until)
+    for k in range(1, args.rounds + 1):
+        if deadline and datetime.datetime.now() >= deadline:
+            print(f"stopped before round {k}: past {args.until}")
+            break
+        outcomes, seconds, code = run_round(selection, args.out / f"round-{k}.xml", args.out / f"round-{k}.log")
+        if not outcomes:
+            print(f"round {k}: pytest exited {code} with no results (see {args.out / f'round-{k}.log'})")
+            return 2
+        update(tally, outcomes)
+        failed = sorted(name for name, outcome in outcomes.items() if outcome in ("failed", "error"))
+        print(
+            f"round {k}: {len(outcomes) - len(failed)}/{len(outcomes)} ok in {seconds:.0f} s"
+            + "".join(f"\n  FAILED {name}" for name in failed),
+            flush=True,
+        )
+        (args.out / "tally.json").write_text(json.dumps(tally, indent=1, sort_keys=True))
+    for name, entry in sorted(tally.items()):
+        print(f"{entry['passed']:3d}/{entry['runs']:<3d} passed, best streak {entry['best']:3d}  {name}")
+    return 1 if any(entry["failed"] for entry in tally.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
