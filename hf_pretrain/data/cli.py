@@ -7,9 +7,10 @@ hf-pretrain data train-tokenizer --input dedup/ --output tok/ --vocab-size 32768
 hf-pretrain data pack --input dedup/ --tokenizer tok/ --output packed/ --seq-len 4096 --mode best_fit
 hf-pretrain data prepare pipeline.json
 
-Inputs: jsonl / json / txt / md / parquet / arrow files, folders of them, or `save_to_disk` folders
-(the output of an earlier step). Each step writes an Arrow folder (or the tokenizer), its
-`stats.json`, and prints one line per block; `prepare` prints the summary table.
+Inputs: jsonl / json / txt / md files (also compressed: .gz .bz2 .xz .zst), parquet / arrow files,
+folders of them, or `save_to_disk` folders (the output of an earlier step). Each step writes an
+Arrow folder (or the tokenizer), its `stats.json`, and prints one line per block; `prepare` prints
+the summary table.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Read documents from files into `datasets`, keeping every field and counting every line that cannot be a document.
 
 Inputs: JSON Lines (`.jsonl`, `.json` one object per line), plain text (`.txt`, `.md`: one
-document per line, as `datasets`' text loader), Parquet, Arrow files, and `save_to_disk` folders;
-a path may be a file or a folder of files of one kind.
+document per line, as `datasets`' text loader), either compressed (`.gz`, `.bz2`, `.xz` from the
+standard library, `.zst` with `zstandard`: `records.open_lines`), Parquet, Arrow files, and
+`save_to_disk` folders; a path may be a file or a folder of files of one kind.
 
 What comes out: the text column, every other field as a column, and `doc_id`.
 
@@ -28,7 +29,9 @@ A bad line or row never crashes the read: it becomes a dropped row with its reas
                    `save_to_disk` inputs as in JSON Lines);
 - `empty`          the text is empty or only whitespace;
 - `too_large`      the line (the text, for typed inputs) is over `max_bytes` (default 10 MB; a
-                   document of tens of MB is almost always a dump, a table or a base64 blob).
+                   document of tens of MB is almost always a dump, a table or a base64 blob);
+- `corrupt_compression` a compressed file's stream broke (cut short, damaged, not that format):
+                   one row for the rest of the file, which cannot be read (`name:after N`).
 
 A UTF-8 byte order mark at the start of a line (files written by Windows tools, or several such
 files joined with `cat`) is not part of the line. When nothing at all can be read (a folder with
@@ -61,6 +64,7 @@ from datasets import Dataset, DatasetDict, IterableDataset, load_dataset, load_f
 from .blocks import Block, check_rank, check_text_column, shard_range
 from .records import (  # noqa: F401  (ID_FIELDS, own_id, parse_line, ... re-exported: they were here)
     BOM,
+    COMPRESSIONS,
     DOC_ID,
     ID_FIELDS,
     LINE_SUFFIXES,
@@ -70,7 +74,9 @@ from .records import (  # noqa: F401  (ID_FIELDS, own_id, parse_line, ... re-exp
     TYPED_SUFFIXES,
     _mark_rows,
     _unpack_row,
+    file_kind,
     line_features,
+    open_lines,
     own_id,
     parse_line,
     read_lines,
@@ -92,17 +98,18 @@ def list_files(path: str | Path, field: str = "input") -> tuple[str, list[Path]]
         )
     if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
         return "disk", [path]
-    suffixes = FILE_SUFFIXES
-    files = sorted(p for p in (path.rglob("*") if path.is_dir() else [path]) if p.suffix in suffixes and p.is_file())
-    kinds = {suffixes[p.suffix] for p in files}
+    files = sorted(p for p in (path.rglob("*") if path.is_dir() else [path]) if file_kind(p) and p.is_file())
+    kinds = {file_kind(p) for p in files}
     if not kinds:
         raise ValueError(
-            f"No document could be read from {field}={str(path)!r}: it holds no file named *{', *'.join(suffixes)} "
-            "and is no save_to_disk folder; pass such files or a folder of them."
+            f"No document could be read from {field}={str(path)!r}: it holds no file named *{', *'.join(FILE_SUFFIXES)} "
+            f"(line files may end in {', '.join(COMPRESSIONS)}) and is no save_to_disk folder; pass such files or a "
+            "folder of them."
         )
     if len(kinds) != 1:
         raise ValueError(
-            f"{field}={str(path)!r}: expected files of one kind among {sorted(suffixes)}, found {sorted(kinds)}."
+            f"{field}={str(path)!r}: expected files of one kind among {sorted(set(FILE_SUFFIXES.values()))}, found "
+            f"{sorted(kinds)}."
         )
     return kinds.pop(), files
 
@@ -287,7 +294,7 @@ class ReadFiles(Block):
         raise ValueError(f"{message} {fix}")
 
     def _fields_of_first_record(self, files: list[str]) -> list[str]:
-        with open(files[0], "rb") as f:
+        with open_lines(files[0]) as f:
             for line in f:
                 try:
                     record = json.loads(line.removeprefix(BOM))

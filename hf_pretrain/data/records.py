@@ -11,9 +11,14 @@ unified is kept as `datasets.Json`). The reasons and the id rules are in `read.p
 from __future__ import annotations
 
 import bisect
+import bz2
 import codecs
 import functools
+import gzip
+import io
 import json
+import lzma
+import zlib
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,6 +28,7 @@ from .blocks import BYTES_IN, BYTES_OUT, DROP, FIRST, HELPER_COLUMNS, PLACEHOLDE
 
 LINE_SUFFIXES = {".jsonl": "json", ".json": "json", ".txt": "text", ".md": "text"}
 TYPED_SUFFIXES = {".parquet": "parquet", ".arrow": "arrow"}
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # of line files: part-0.jsonl.gz (datatrove's default), .json.zst
 MAX_BYTES = 10_000_000
 DOC_ID = "doc_id"
 ID_FIELDS = (DOC_ID, "id")  # a record's own id, in this order of preference
@@ -90,13 +96,65 @@ def parse_line(line: bytes, kind: str, text_column: str, max_bytes: int, where: 
     return _row(text_column, "" if reason else text, reason, size, doc_id, "" if reason else fields)
 
 
+def file_kind(path: Path) -> str | None:
+    """ "json", "text", "parquet" or "arrow" by the file's name (a line file may end in a compression suffix)."""
+    name = path.name
+    compression = next((c for c in COMPRESSIONS if name.endswith(c)), "")
+    suffix = Path(name.removesuffix(compression)).suffix if compression else path.suffix
+    return LINE_SUFFIXES.get(suffix) if compression else {**LINE_SUFFIXES, **TYPED_SUFFIXES}.get(suffix)
+
+
+def open_lines(path: str | Path) -> io.BufferedIOBase:
+    """The file's bytes, decompressed by its suffix (`COMPRESSIONS`)."""
+    name = str(path)
+    if name.endswith(".gz"):
+        return gzip.open(name, "rb")
+    if name.endswith(".bz2"):
+        return bz2.open(name, "rb")
+    if name.endswith(".xz"):
+        return lzma.open(name, "rb")
+    if name.endswith(".zst"):
+        try:
+            import zstandard
+        except ImportError:
+            raise ValueError(f"{name}: reading .zst files needs the zstandard package: pip install zstandard") from None
+        raw = open(name, "rb")  # noqa: SIM115  (closed with the reader: closefd)
+        # every frame (zstandard.open stops after the first: files joined with cat have several)
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True))
+    return open(name, "rb")
+
+
+def _stream_errors() -> tuple[type[BaseException], ...]:
+    """What a broken compressed stream raises while it is read (cut short, or its bytes damaged)."""
+    errors: tuple[type[BaseException], ...] = (EOFError, OSError, zlib.error, lzma.LZMAError)
+    try:
+        import zstandard
+    except ImportError:
+        return errors
+    return (*errors, zstandard.ZstdError)
+
+
 def read_lines(files: list[tuple[str, str, int, int]], text_column: str, max_bytes: int):
-    """Rows of line-format `files`: (path, name in ids, size, mtime); size and mtime make the cache key change."""
+    """Rows of line-format `files`: (path, name in ids, size, mtime); size and mtime make the cache key change.
+
+    A compressed file whose stream breaks (cut short, damaged) gives the lines before the break and one
+    `corrupt_compression` row (`name:after N`): the rest of that file cannot be read, and is counted, not hidden."""
     rows = 0
     for path, name, _, _ in files:
-        kind = LINE_SUFFIXES[Path(path).suffix]
-        with open(path, "rb") as f:
-            for number, line in enumerate(f, start=1):
+        kind = file_kind(Path(path))
+        compressed = Path(path).name.endswith(COMPRESSIONS)
+        number, broken = 0, _stream_errors() if compressed else ()
+        with open_lines(path) as f:
+            lines = enumerate(f, start=1)
+            while True:
+                try:
+                    number, line = next(lines)
+                except StopIteration:
+                    break
+                except broken:
+                    rows += 1
+                    yield _row(text_column, "", "corrupt_compression", 0, f"{name}:after {number}")
+                    break
                 line = line.rstrip(b"\r\n")
                 if line.startswith(BOM):
                     line = line[len(BOM) :]

@@ -1,6 +1,9 @@
 """The reader keeps every field, names every document and counts every line that cannot be one (Dataset and stream)."""
 
+import bz2
+import gzip
 import json
+import lzma
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -8,7 +11,7 @@ import pytest
 from datasets import Dataset, DatasetDict
 
 from hf_pretrain.data import load_text_dataset
-from hf_pretrain.data.read import ReadFiles
+from hf_pretrain.data.read import ReadFiles, list_files
 
 BAD = {"malformed_json": 1, "missing_text": 1, "not_text": 1, "empty": 1, "invalid_utf8": 1, "too_large": 1}
 
@@ -158,6 +161,64 @@ def test_a_folder_without_input_files_is_the_same_error(tmp_path):
     (tmp_path / "notes.csv").write_text("a,b\n")
     with pytest.raises(ValueError, match=r"^No document could be read from input=.*no file named \*\.jsonl"):
         ReadFiles().run(tmp_path)
+
+
+# --- compressed line files (datatrove writes .jsonl.gz; Dolma .json.gz; RedPajama .jsonl.zst) ---------------------
+
+
+def compress(suffix: str, data: bytes) -> bytes:
+    if suffix == ".zst":
+        import zstandard
+
+        half = len(data) // 2  # two frames, as files joined with cat are: both are read
+        compressor = zstandard.ZstdCompressor()
+        return compressor.compress(data[:half]) + compressor.compress(data[half:])
+    return {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}[suffix](data)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz", ".zst"])
+@pytest.mark.parametrize("streaming, num_proc", [(False, None), (False, 2), (True, None)])
+def test_compressed_line_files_read_like_plain_ones(tmp_path, suffix, streaming, num_proc):
+    write_bad_lines(tmp_path)
+    for plain in sorted(tmp_path.glob("*.jsonl")):
+        plain.with_name(plain.name + suffix).write_bytes(compress(suffix, plain.read_bytes()))
+        plain.unlink()
+    reader = ReadFiles(max_bytes=1000)
+    data = reader.run(tmp_path, num_proc=num_proc, streaming=streaming)
+    rows = list(data)
+    assert [row["text"] for row in rows] == ["good one", "good two", "third"]
+    assert [row["doc_id"] for row in rows] == [f"a.jsonl{suffix}:1", f"a.jsonl{suffix}:9", f"b.jsonl{suffix}:1"]
+    assert reader.stats.dropped == BAD and reader.stats.documents_in == 9
+
+
+def test_a_compressed_file_cut_short_keeps_its_lines_and_counts_the_break(tmp_path):
+    lines = b"".join(json.dumps({"text": f"document {i} " + "word " * 50}).encode() + b"\n" for i in range(400))
+    whole = gzip.compress(lines)
+    (tmp_path / "a.jsonl.gz").write_bytes(whole[: len(whole) // 2])  # a download cut short
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(b'{"text": "whole file"}\n'))
+    reader = ReadFiles()
+    rows = list(reader.run(tmp_path))
+    read_before_the_break = len(rows) - 1
+    assert 0 < read_before_the_break < 400 and rows[-1]["text"] == "whole file"
+    assert [row["text"] for row in rows[:-1]] == [f"document {i} " + "word " * 50 for i in range(len(rows) - 1)]
+    assert reader.stats.dropped == {"corrupt_compression": 1}  # one count for the rest of a.jsonl.gz
+
+
+def test_a_file_named_gz_that_is_not_gzip_is_counted_not_a_crash(tmp_path):
+    (tmp_path / "a.jsonl.gz").write_text('{"text": "not compressed at all"}\n')
+    with pytest.raises(ValueError, match=r"^No document could be read .*dropped: 1 corrupt_compression"):
+        ReadFiles().run(tmp_path)
+
+
+def test_compression_suffixes_are_for_line_files_and_kinds_still_must_agree(tmp_path):
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(b"one line\n"))
+    assert list_files(tmp_path) == ("text", [tmp_path / "a.txt.gz"])
+    (tmp_path / "b.jsonl.xz").write_bytes(lzma.compress(b'{"text": "x"}\n'))
+    with pytest.raises(ValueError, match=r"expected files of one kind among .*found \['json', 'text'\]"):
+        list_files(tmp_path)
+    (tmp_path / "c.parquet.gz").write_bytes(b"")  # Parquet compresses inside: a compressed Parquet file is no input
+    with pytest.raises(ValueError, match=r"^No document could be read from x=.*line files may end in \.gz"):
+        list_files(tmp_path / "c.parquet.gz", "x")
 
 
 @pytest.mark.parametrize("streaming", [False, True])

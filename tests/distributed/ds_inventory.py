@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from hf_pretrain import PretrainForCausalLM, get_preset
 from hf_pretrain.distributed.memory import estimate_memory
+from hf_pretrain.training.processes import leave_process_group
 from tests.distributed.live_tensors import live_bytes
 
 SHAPE = dict(
@@ -73,3 +74,4 @@ def main(stage: int) -> None:
 
 if __name__ == "__main__":
     main(int(sys.argv[1]))
+    leave_process_group()  # as PretrainTrainer does: a group alive at teardown can abort the exit

@@ -19,6 +19,7 @@ from accelerate.utils import FullyShardedDataParallelPlugin
 from hf_pretrain import PretrainForCausalLM, get_preset
 from hf_pretrain.distributed.memory import estimate_memory
 from hf_pretrain.training.fsdp import fsdp_on_cpu
+from hf_pretrain.training.processes import leave_process_group
 from tests.distributed.ds_inventory import SHAPE
 from tests.distributed.live_tensors import live_bytes
 
@@ -67,3 +68,4 @@ def main(precision: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    leave_process_group()  # as PretrainTrainer does: a group alive at teardown can abort the exit
