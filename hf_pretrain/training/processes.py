@@ -15,6 +15,17 @@
   scripts rarely call `destroy_process_group()`. Under gloo the ranks first meet at a barrier
   (bounded: a peer that died makes it fail at once), so no rank closes its connections while
   another still uses them.
+
+  Destroying the group is not enough under gloo: whatever still holds it (a DDP module: its
+  reducer, its comm hooks) keeps its worker threads (`pt_gloo_runloop`) until the process ends.
+  A worker that finished a collective but was not yet scheduled again to release it (a loaded
+  machine) drops its last reference to the collective's Python tensors later, which takes the
+  GIL; once the interpreter is finalizing, CPython ends such a thread with `pthread_exit`, whose
+  forced unwind through a `noexcept` frame calls `std::terminate`: the same SIGABRT, rarely (one
+  rank of one launch in about 3 x 41 multi-process tests on a loaded 2-core machine), also after
+  `accelerator.end_training()`. So the exit then waits, the GIL released, until no gloo thread of
+  the process has been running or runnable for 3 checks 10 ms apart (Linux: the threads' states in
+  /proc/self/task; elsewhere a fixed 50 ms), at most 2 s; without gloo threads it returns at once.
 """
 
 from __future__ import annotations
@@ -23,6 +34,8 @@ import contextlib
 import datetime
 import os
 import socket
+import time
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -53,10 +66,41 @@ def wait_for_everyone(accelerator) -> None:
 
 
 def leave_process_group() -> None:
-    if not (dist.is_available() and dist.is_initialized()):
+    if dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            if dist.get_backend() == "gloo":
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    settle_gloo_threads()
+
+
+GLOO_THREADS = ("pt_gloo", "gloo_")  # the names torch's gloo backend gives its worker and transport threads
+TASKS = Path("/proc/self/task")
+
+
+def gloo_thread_states() -> list[str] | None:
+    """The scheduler state ("R" running or runnable, "S" sleeping, ...) of each gloo thread of this process; None
+    where /proc does not tell (not Linux)."""
+    if not TASKS.is_dir():
+        return None
+    states = []
+    for task in TASKS.iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            if (task / "comm").read_text().startswith(GLOO_THREADS):
+                states.append((task / "stat").read_text().rpartition(")")[2].split()[0])
+    return states
+
+
+def settle_gloo_threads(quiet_checks: int = 3, interval_s: float = 0.01, timeout_s: float = 2.0) -> None:
+    """Sleep (the GIL released) until no gloo thread has been running or runnable for `quiet_checks` checks in a
+    row (see the module docstring); returns at once when the process has no gloo thread."""
+    states = gloo_thread_states()
+    if states is None:
+        time.sleep(0.05)
         return
-    with contextlib.suppress(Exception):
-        if dist.get_backend() == "gloo":
-            dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
-    with contextlib.suppress(Exception):
-        dist.destroy_process_group()
+    deadline, quiet = time.monotonic() + timeout_s, 0
+    while states and quiet < quiet_checks and time.monotonic() < deadline:
+        time.sleep(interval_s)
+        states = gloo_thread_states()
+        quiet = 0 if "R" in states else quiet + 1

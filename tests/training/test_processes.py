@@ -1,0 +1,49 @@
+"""Leaving a gloo process group at exit: the group is destroyed and the exit waits until gloo's threads are idle
+(hf_pretrain/training/processes.py). Each case runs in a fresh interpreter with a real one-rank gloo group, so the
+test session itself never holds one."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hf_pretrain.training.processes import TASKS
+from tests.distributed.test_distributed import ENV, ROOT, free_port
+
+pytestmark = pytest.mark.skipif(not TASKS.is_dir(), reason="reads thread states from /proc (Linux)")
+
+SCRIPT = """
+import json, os, torch, torch.distributed as dist
+from hf_pretrain.training.processes import gloo_thread_states, leave_process_group
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
+dist.init_process_group("gloo", rank=0, world_size=1)
+held = dist.group.WORLD if {hold} else None  # as a DDP module holds it: the group outlives its destruction
+tensor = torch.ones(8)
+dist.all_reduce(tensor)
+before = gloo_thread_states()
+leave_process_group()
+print(json.dumps({{"before": before, "after": gloo_thread_states(), "initialized": dist.is_initialized()}}))
+"""
+
+
+def leave(hold: bool) -> dict:
+    script = textwrap.dedent(SCRIPT.format(port=free_port(), hold=hold))
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_gloo_threads_are_found_by_name_and_end_with_a_group_nothing_holds():
+    result = leave(hold=False)
+    assert len(result["before"]) >= 2  # the worker and transport threads: the names the settling looks for
+    assert not result["initialized"] and result["after"] == []  # destroyed: its threads joined
+
+
+def test_a_group_still_held_leaves_its_threads_idle_at_exit():
+    result = leave(hold=True)
+    assert len(result["after"]) == len(result["before"]) >= 2  # alive until the process ends
+    assert "R" not in result["after"]  # none running or runnable when the interpreter goes on to finalize
