@@ -106,6 +106,24 @@ def test_throughput_after_resume_counts_only_this_session(tmp_path):
     assert first_after_resume["step_time_s"] > 0 and first_after_resume["eta_seconds"] >= 0
 
 
+def test_telemetry_after_a_resume_holds_each_step_once(tmp_path):
+    def train(steps, resume=None):
+        torch.manual_seed(0)
+        args = quick_args(tmp_path, max_steps=steps, save_strategy="steps", save_steps=4, measure_peak_tflops=False)
+        PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args, train_dataset=dataset()).train(
+            resume_from_checkpoint=resume
+        )
+
+    train(6)  # the run that "died" after step 6: checkpoint-4, logs of steps 1-6
+    first = {h["step"]: h["time"] for h in training_logs(tmp_path)}
+    with (tmp_path / "telemetry.jsonl").open("a") as stream:
+        stream.write('{"step": 7, "loss": 1.')  # the line a kill cut in half
+    train(8, resume=str(tmp_path / "checkpoint-4"))
+    logs = training_logs(tmp_path)
+    assert [h["step"] for h in logs] == list(range(1, 9))  # 5 and 6 replayed once, no zig-zag
+    assert all(h["time"] == first[h["step"]] for h in logs[:4]) and logs[4]["time"] > first[6]
+
+
 def test_mfu_is_logged_against_the_measured_ceiling_and_left_out_without_a_spec(tmp_path):
     run(PretrainTrainer, PretrainingArguments, tmp_path)
     logs = training_logs(tmp_path)
