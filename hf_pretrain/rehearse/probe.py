@@ -12,6 +12,10 @@ place of `SCRIPT ARGS...`. Before running the script as `__main__` (`runpy`), th
   the loss it returns; and, on the last rank at step KILL_AT, writes killed.json and SIGKILLs its own
   process before the micro-batch's forward: a node lost mid-step, the others left in a collective.
 
+The probe also leaves the process group at exit (`training.processes.leave_process_group`, as
+`PretrainTrainer` does): a plain-`Trainer` script rehearsed on gloo would otherwise now and then
+abort at exit, a fault of the rehearsal's CPU backend, not of the launch rehearsed.
+
 Why a wrapper process and not a flag of the library: the observation and the fault belong to the
 rehearsal only. The library and the user's script stay as they are (no environment variable read by
 library code, no callback to remember to attach), and any script that trains with a `Trainer` can be
@@ -20,6 +24,7 @@ rehearsed. The cost is one patch of `Trainer.__init__`, confined to the rehearsa
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -32,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 from transformers import TrainerCallback
+
+from hf_pretrain.training.processes import leave_process_group  # absolute: the probe runs as a script
 
 MAX_INDEXED_ROWS = 2_000_000  # beyond this, samples are identified by fingerprint only
 MAX_ORDER = 100_000  # samples of the sampler's order kept for the coverage check
@@ -170,6 +177,7 @@ def main(argv: list[str]) -> None:
     record_dir, kill_at, script, *script_args = argv
     Path(record_dir).mkdir(parents=True, exist_ok=True)
     install(Probe(Path(record_dir), int(kill_at)))
+    atexit.register(leave_process_group)  # the same function object as PretrainTrainer's: registered once
     sys.argv = [script, *script_args]
     here = str(Path(__file__).resolve().parent)
     sys.path[:] = [p for p in sys.path if not p or str(Path(p).resolve()) != here]  # as if the script were launched
