@@ -21,11 +21,14 @@
   A worker that finished a collective but was not yet scheduled again to release it (a loaded
   machine) drops its last reference to the collective's Python tensors later, which takes the
   GIL; once the interpreter is finalizing, CPython ends such a thread with `pthread_exit`, whose
-  forced unwind through a `noexcept` frame calls `std::terminate`: the same SIGABRT, rarely (one
-  rank of one launch in about 3 x 41 multi-process tests on a loaded 2-core machine), also after
-  `accelerator.end_training()`. So the exit then waits, the GIL released, until no gloo thread of
-  the process has been running or runnable for 3 checks 10 ms apart (Linux: the threads' states in
-  /proc/self/task; elsewhere a fixed 50 ms), at most 2 s; without gloo threads it returns at once.
+  forced unwind through a `noexcept` frame calls `std::terminate` (the mechanism described in
+  pytorch/pytorch#179291): the same SIGABRT, also after `accelerator.end_training()`. Seen once in
+  3 rounds of the 41 multi-process tests, and in 5 of 20 launches of two ranks that hold their
+  group at module level (tests/distributed/held_group_exit.py), against 0 of 20 with the wait
+  below, launches alternating on the shared 2-core machine. So the exit then waits, the GIL
+  released, until no gloo thread of the process has been running or runnable for 3 checks 10 ms
+  apart (Linux: the threads' states in /proc/self/task; elsewhere a fixed 50 ms), at most 2 s;
+  without gloo threads it returns at once.
 """
 
 from __future__ import annotations
