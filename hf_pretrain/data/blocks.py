@@ -84,6 +84,19 @@ def check_rank(rank: int, world_size: int) -> None:
         raise ValueError(f"rank={rank} is invalid for world_size={world_size}: use 0 <= rank < world_size.")
 
 
+def from_pretrained(loader, path, field: str, **kwargs):
+    """`loader.from_pretrained(path)` (AutoTokenizer, AutoConfig, ...); a path it cannot load is one line naming
+    `field` and the fix instead of transformers' traceback (which reads a missing folder as a bad hub id)."""
+    try:
+        return loader.from_pretrained(str(path), **kwargs)
+    except (OSError, ValueError) as err:
+        reason = "no such folder" if not Path(path).exists() else (str(err).strip().splitlines() or [""])[0][:200]
+        raise ValueError(
+            f"{field}={str(path)!r} cannot be loaded ({reason}); give a folder that save_pretrained wrote "
+            "(e.g. the output of `hf-pretrain data train-tokenizer`, or a trained run's checkpoint)."
+        ) from None
+
+
 def shard_range(num_rows: int, rank: int, world_size: int) -> tuple[int, int]:
     """[start, stop) of this rank's contiguous rows: the first `num_rows % world_size` ranks get one row more."""
     check_rank(rank, world_size)

@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from .blocks import BlockStats
+from .blocks import BlockStats, from_pretrained
 from .pipeline import check_section, settable_keys
 from .read import ReadFiles
 from .workers import children_die_with_parent
@@ -110,8 +110,8 @@ def dedup(argv: list[str]) -> list[BlockStats]:
 
 
 def train_tokenizer_cli(argv: list[str]) -> list[BlockStats]:
-    from .split import split_by_hash
-    from .tokenizer import train_tokenizer
+    from .split import check_fraction, split_by_hash
+    from .tokenizer import check_vocab_size, train_tokenizer
 
     parser = argparse.ArgumentParser(prog="hf-pretrain data train-tokenizer", description="Train a byte-level BPE.")
     _common(parser)
@@ -119,6 +119,8 @@ def train_tokenizer_cli(argv: list[str]) -> list[BlockStats]:
     parser.add_argument("--heldout-fraction", type=float, default=0.01, help="documents measured, not trained on")
     parser.add_argument("--min-frequency", type=int, default=2)
     args = parser.parse_args(argv)
+    check_vocab_size(args.vocab_size)  # before any data is read
+    check_fraction(args.heldout_fraction, "--heldout-fraction")
     reader = ReadFiles(args.text_column)
     data = reader.run(args.input, args.rank, args.world_size, args.num_proc)
     splits = split_by_hash(data, args.heldout_fraction, args.text_column, args.num_proc)
@@ -144,7 +146,7 @@ def pack(argv: list[str]) -> list[BlockStats]:
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--mode", choices=MODES, default="best_fit")
     args = parser.parse_args(argv)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    tokenizer = from_pretrained(AutoTokenizer, args.tokenizer, "--tokenizer")
     return _run_blocks(args, [Pack(tokenizer, args.seq_len, args.mode, args.text_column)])
 
 

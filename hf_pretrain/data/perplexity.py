@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from .blocks import DROP, Block
+from .blocks import DROP, Block, from_pretrained
 
 PPL = "perplexity"
 
@@ -51,6 +51,16 @@ class PerplexityFilter(Block):
         self.model_batch, self.keep_scores = batch_size, keep_scores
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self._model = self._tokenizer = None
+        self._check_paths()
+
+    def _check_paths(self) -> None:
+        """Both folders load (the model's config, the tokenizer) before any data is read."""
+        from transformers import AutoConfig, AutoTokenizer
+
+        from .. import modeling  # noqa: F401  (registers the hf_pretrain model type with the Auto classes)
+
+        from_pretrained(AutoConfig, self.model_path, "model_path")
+        from_pretrained(AutoTokenizer, self.tokenizer_path, "tokenizer_path")
 
     def _load(self):
         if self._model is None:
@@ -58,9 +68,10 @@ class PerplexityFilter(Block):
 
             from .. import modeling  # noqa: F401  (registers the hf_pretrain model type with the Auto classes)
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+            self._tokenizer = from_pretrained(AutoTokenizer, self.tokenizer_path, "tokenizer_path")
             dtype = torch.float32 if self.device == "cpu" else "auto"
-            self._model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device).eval()
+            model = from_pretrained(AutoModelForCausalLM, self.model_path, "model_path", dtype=dtype)
+            self._model = model.to(self.device).eval()
         return self._model, self._tokenizer
 
     @torch.no_grad()

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_from_disk
 
-from .blocks import BlockStats
+from .blocks import BlockStats, from_pretrained
 from .pipeline_config import PipelineConfig, check_section, settable_keys  # noqa: F401  (re-exported)
 from .read import ReadFiles, list_files
 from .split import own_heldout, split_by_hash
@@ -193,7 +193,7 @@ class Pipeline:
         if "path" in options:  # an existing tokenizer: copy it, measure it
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(options["path"])
+            tokenizer = from_pretrained(AutoTokenizer, options["path"], "path")
             tokenizer.save_pretrained(str(folder / "tokenizer"))
             extra = {"reused": options["path"], "vocab_size": len(tokenizer)}
             extra.update(measure_bytes_per_token(tokenizer, heldout, splits["train"], c.text_column))

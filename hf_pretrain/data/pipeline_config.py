@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .blocks import check_rank
+from .blocks import check_rank, from_pretrained
 from .split import check_fraction
 
 
@@ -88,7 +88,7 @@ def _check_clean(values) -> None:
 def _check_perplexity(values) -> None:
     from .perplexity import PerplexityFilter  # torch: imported only when the step is on
 
-    check_section("perplexity", values, settable_keys(PerplexityFilter), required=("model_path",))
+    PerplexityFilter(**check_section("perplexity", values, settable_keys(PerplexityFilter), required=("model_path",)))
 
 
 def _check_dedup(values) -> None:
@@ -103,6 +103,10 @@ def _check_dedup(values) -> None:
 def _check_tokenizer(values) -> None:
     keys = ("path",) if isinstance(values, dict) and "path" in values else ("vocab_size", "min_frequency")
     check_section("tokenizer", values, keys, required=keys[:1])
+    if "path" in values:
+        from transformers import AutoTokenizer
+
+        from_pretrained(AutoTokenizer, values["path"], "path")
 
 
 def _check_pack(values) -> None:

@@ -11,7 +11,10 @@ first:
   skipped and why, and which one it uses.
 
 What is checked, cheaply (headers and zip directories, never the tensors themselves):
-- `trainer_state.json` (and `hf_pretrain_state.json`, the data position, when present): JSON;
+- `trainer_state.json`: JSON; `hf_pretrain_state.json` (the data position and the loss guard's
+  state): JSON of the shape the resume reads. A checkpoint of plain transformers has none, so a
+  missing one only warns, saying what a resume without it loses (a stream's position, the loss
+  guard's lowered learning rate);
 - the weights: `model.safetensors` (header parsed, file long enough for every tensor it lists),
   `pytorch_model.bin` (a readable zip), a sharded index and every shard it names, or a PEFT adapter;
   under DeepSpeed the tag folder named by `latest` and its `*.pt` files instead (weights and
@@ -40,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from .checkpoints import RUN_STATE_NAME
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -73,7 +78,9 @@ def check_checkpoint(
     problems: list[str] = []
     warnings: list[str] = []
     problems += _json_problem(folder / "trainer_state.json", required=True)
-    problems += _json_problem(folder / "hf_pretrain_state.json", required=False)
+    run_state_problems, run_state_warnings = _run_state_problems(folder / RUN_STATE_NAME)
+    problems += run_state_problems
+    warnings += run_state_warnings
     if deepspeed:
         problems += _deepspeed_problems(folder)
     elif fsdp:
@@ -89,7 +96,10 @@ def check_checkpoint(
             )
         problems += _zip_problem(folder / "scheduler.pt", missing="missing (the learning rate would restart)")
         rng = _rng_problems(folder, world_size)
-        (warnings if rng and _has_rng_for_other_world_size(folder, world_size) else problems).extend(rng)
+        if rng and _has_rng_for_other_world_size(folder, world_size):
+            warnings += [f"{problem}; resuming anyway (saved for another number of processes)" for problem in rng]
+        else:
+            problems += rng
     return CheckpointCheck(str(folder), problems, warnings)
 
 
@@ -113,6 +123,41 @@ def _json_problem(path: Path, required: bool) -> list[str]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         return [f"{path.name}: unreadable ({type(error).__name__}: {error})"]
     return []
+
+
+def _run_state_problems(path: Path) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of `hf_pretrain_state.json`: a missing file warns, a malformed one is a problem."""
+    if not path.exists():
+        return [], [
+            f"{path.name}: missing (a checkpoint of plain transformers has none; if PretrainTrainer wrote this one, "
+            "it was lost: a stream is read again from its start, the loss guard starts anew); resuming from the step count"
+        ]
+    problems = _json_problem(path, required=True)
+    if problems:
+        return problems, []
+    state = json.loads(path.read_text(encoding="utf-8"))
+    wrong = _run_state_shape(state)
+    return ([f"{path.name}: malformed ({wrong})"] if wrong else []), []
+
+
+def _run_state_shape(state) -> str | None:
+    """What in the run state is not what the resume reads, or None."""
+    if not isinstance(state, dict):
+        return f"a JSON object expected, not {type(state).__name__}"
+    for key in ("data", "stream", "loss_guard"):
+        if key in state and not isinstance(state[key], dict):
+            return f"{key!r} must be an object, not {type(state[key]).__name__}"
+    data, stream = state.get("data", {}), state.get("stream", {})
+    for owner, key, kind in (
+        ("data", "epoch", int),
+        ("data", "samples_consumed_in_epoch", int),
+        ("stream", "state", dict),
+        ("stream", "micro_batches", int),
+    ):
+        values = data if owner == "data" else stream
+        if values and not isinstance(values.get(key), kind):
+            return f"{owner}.{key} must be {'an integer' if kind is int else 'an object'}, not {values.get(key)!r}"
+    return None
 
 
 def _zip_problem(path: Path, missing: str = "missing") -> list[str]:

@@ -100,7 +100,7 @@ class Checkpointing:
 
     def _warn(self, check) -> None:
         for warning in check.warnings if self.trainer.is_world_process_zero() else ():
-            logger.warning(f"{check.path}: {warning}; resuming anyway (another number of processes).")
+            logger.warning(f"{check.path}: {warning}.")
 
     def save(self, save_checkpoint, run_dir: str, run_state: dict) -> None:
         """`save_checkpoint()` (the Trainer's) staged, then renamed into `run_dir/checkpoint-N`."""

@@ -66,7 +66,7 @@ class DataPosition:
             args = self.trainer.args
             seed = args.data_seed if args.data_seed is not None else args.seed
             self.sampler = sampler = ResumableSampler(
-                len(sampler.data_source), seed, pad_to_multiple_of=self._even_batches_multiple()
+                len(sampler.data_source), seed, pad_to_multiple_of=self._epoch_padding()
             )
         return sampler
 
@@ -77,6 +77,29 @@ class DataPosition:
         if args.world_size <= 1 or args.dataloader_drop_last or config.split_batches or not config.even_batches:
             return 1
         return args.per_device_train_batch_size * args.world_size
+
+    def _epoch_padding(self) -> int:
+        """The multiple the sampler completes each epoch to: this run's (`_even_batches_multiple`), or on one process
+        the checkpoint's, so a resume of a several-process run trains the same epoch ends as that run."""
+        multiple = self._even_batches_multiple()
+        saved = (self.saved.get("data") or {}).get("epoch_padded_to_multiple_of")
+        if saved is None or saved == multiple:
+            return multiple
+        args = self.trainer.args
+        if multiple == 1 and args.world_size == 1 and not args.dataloader_drop_last:
+            logger.info(
+                f"Each epoch is completed to a multiple of {saved} samples with its first ones, as the checkpoint's "
+                "run of several processes did (accelerate's even_batches): the same samples as that run."
+            )
+            return saved
+        if saved == 1:
+            logger.warning(
+                "The checkpoint's run trained a shorter last batch at each epoch end; with "
+                f"{args.world_size} processes accelerate completes it with repeated samples (even_batches), so the "
+                "losses differ from that run's from the end of this epoch on. For the same samples resume on the "
+                "checkpoint's number of processes (or set dataloader_drop_last=True in both runs)."
+            )
+        return multiple
 
     def run_epoch(self, run_epoch, **kwargs):
         """Run the Trainer's `_run_epoch`, starting the data at the saved position when this epoch resumes."""
@@ -109,6 +132,7 @@ class DataPosition:
             "num_samples": self.sampler.num_samples,
             "seed": self.sampler.seed,
             "dataset_fingerprint": getattr(self.trainer.train_dataset, "_fingerprint", None),
+            "epoch_padded_to_multiple_of": self.sampler.pad_to_multiple_of,
         }
 
     def mismatch(self, position: dict) -> str | None:

@@ -40,6 +40,7 @@ class ResumableSampler(Sampler[int]):
         if num_samples <= 0:
             raise ValueError(f"num_samples={num_samples}: the training dataset is empty.")
         self.num_samples, self.seed, self.shuffle = num_samples, seed, shuffle
+        self.pad_to_multiple_of = pad_to_multiple_of
         self.padded_length = -(-num_samples // pad_to_multiple_of) * pad_to_multiple_of
         self.epoch = 0
         self._start: tuple[int, int] | None = None  # (epoch, consumed) for the next pass only

@@ -48,11 +48,17 @@ def test_fluent_text_scores_lower_and_garbage_is_dropped(scorer_dir):
     good, bad = block.perplexities(english), block.perplexities(garbage(20))
     assert sorted(good)[len(good) // 2] * 3 < min(bad)  # the median document is far below any garbage
     threshold = math.sqrt(max(good) * min(bad)) if max(good) < min(bad) else sorted(good)[-2] * 1.01
-    data = Dataset.from_dict({"text": english + garbage(20)})
+    texts = english + garbage(20)
+    ids = [f"doc-{i}" for i in range(len(texts))]
+    meta = [{"source": "english" if i < 40 else "garbage", "n": i} for i in range(len(texts))]
+    data = Dataset.from_dict({"id": ids, "text": texts, "meta": meta})
     filtered = PerplexityFilter(scorer_dir, threshold=threshold, keep_scores=True)
     kept = filtered.run(data)
     assert filtered.stats.dropped["perplexity"] >= 19 and len(kept) >= 39
     assert all(s <= threshold for s in kept["perplexity"])
+    for row in kept:  # every field of a kept record survives, beside its row's text
+        n = int(row["id"].removeprefix("doc-"))
+        assert row["text"] == texts[n] and row["meta"] == meta[n]
     assert filtered.stats.extra["scored"] == 60 and filtered.stats.extra["threshold"] == threshold
 
 
@@ -63,3 +69,5 @@ def test_unscorable_documents_are_kept_and_counted(scorer_dir):
     assert block.stats.extra["unscored"] == 1
     with pytest.raises(ValueError, match="threshold=0.5"):
         PerplexityFilter(scorer_dir, threshold=0.5)
+    with pytest.raises(ValueError, match="tokenizer_path='no/tok' cannot be loaded"):
+        PerplexityFilter(scorer_dir, tokenizer_path="no/tok")  # checked at once, not at the first batch

@@ -132,11 +132,22 @@ def test_bad_input_is_one_line_naming_the_path_or_the_key(tmp_path, capsys):
         ("tokenizer", {"vocab": 512}, "section 'tokenizer' has unknown key(s) ['vocab']; valid keys are ["),
         ("pack", {"seq_len": 4}, "section 'pack': seq_len=4 is too small"),
         ("perplexity", {"threshold": 100}, "section 'perplexity' lacks ['model_path']"),
+        ("perplexity", {"model_path": "no/scorer"}, "section 'perplexity': model_path='no/scorer' cannot be loaded"),
+        ("tokenizer", {"path": "no/tok"}, "section 'tokenizer': path='no/tok' cannot be loaded (no such folder)"),
     ]:
         (tmp_path / "p.json").write_text(json.dumps({**config, section: values}))
         assert main(["data", "prepare", str(tmp_path / "p.json")]) == 2
         assert error_line(capsys).startswith(f"error: {tmp_path / 'p.json'}: {expected}")
         assert not out.exists()  # refused before any data work
+    missing = str(tmp_path / "missing")  # an input that does not exist: refusing a flag first shows nothing was read
+    for argv, expected in [
+        (["pack", "--tokenizer", "no/tok"], "error: --tokenizer='no/tok' cannot be loaded (no such folder); give a"),
+        (["filter", "--model", "no/scorer"], "error: model_path='no/scorer' cannot be loaded (no such folder)"),
+        (["train-tokenizer", "--vocab-size", "10"], "error: vocab_size=10 is too small"),
+        (["train-tokenizer", "--vocab-size", "512", "--heldout-fraction", "1.5"], "error: --heldout-fraction=1.5"),
+    ]:
+        assert main(["data", argv[0], "--input", missing, "--output", str(out), *argv[1:]]) == 2
+        assert error_line(capsys).startswith(expected)
 
 
 def test_a_step_runs_again_when_its_settings_or_input_change(tmp_path, capsys):

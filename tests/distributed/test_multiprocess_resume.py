@@ -64,8 +64,8 @@ def test_resume_on_one_process_with_the_same_global_batch(tmp_path, straight):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     reference, after = losses(straight, "straight"), losses(tmp_path, "resumed")
     assert sorted(after) == list(range(10, 16))
-    # The sample position maps onto the new geometry: steps 10-11 see the same samples. The epoch's tail (step 12)
-    # differs by design, and so everything after it: two ranks complete it with repeated samples, one process
-    # trains a shorter last batch (what Trainer does on one process).
-    assert all(abs(after[step] - reference[step]) <= 1e-5 for step in (10, 11))
-    assert abs(after[12] - reference[12]) > 1e-3
+    # The sample position maps onto the new geometry, and the one process completes each epoch end with repeated
+    # samples as the two ranks did (step 12 ends an epoch): every step sees the samples of the uninterrupted run.
+    # Not bit for bit: one mean over 12 rows against the mean of two ranks' means over 6.
+    print({step: after[step] - reference[step] for step in after})
+    assert all(abs(after[step] - reference[step]) <= 1e-5 for step in after), (after, reference)

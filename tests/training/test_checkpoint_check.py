@@ -43,6 +43,14 @@ def cut(path, keep=0.5):
         (lambda c: cut(c / "model.safetensors", 0.0001), "model.safetensors: unreadable header"),
         (lambda c: cut(c / "optimizer.pt"), "optimizer.pt: unreadable, cut or corrupt"),
         (lambda c: (c / "hf_pretrain_state.json").write_text('{"data": '), "hf_pretrain_state.json: unreadable"),
+        (
+            lambda c: (c / "hf_pretrain_state.json").write_text('{"data": 5}'),
+            "hf_pretrain_state.json: malformed ('data' must be an object, not int)",
+        ),
+        (
+            lambda c: (c / "hf_pretrain_state.json").write_text('{"stream": {"micro_batches": 3}}'),
+            "hf_pretrain_state.json: malformed (stream.state must be an object, not None)",
+        ),
         (lambda c: (c / "trainer_state.json").unlink(), "trainer_state.json: missing"),
     ],
     ids=[
@@ -54,6 +62,8 @@ def cut(path, keep=0.5):
         "cut-header",
         "cut-optimizer",
         "bad-position",
+        "position-not-an-object",
+        "stream-without-state",
         "no-state",
     ],
 )
@@ -68,8 +78,19 @@ def test_rng_of_another_world_size_only_warns(copy):
     (checkpoint / "rng_state.pth").rename(checkpoint / "rng_state_0.pth")
     (checkpoint / "rng_state_1.pth").write_bytes((checkpoint / "rng_state_0.pth").read_bytes())
     check = check_checkpoint(checkpoint, world_size=1)
-    assert check.ok and check.warnings == ["rng_state.pth: missing (the random streams would not resume)"]
+    assert check.ok and check.warnings == [
+        "rng_state.pth: missing (the random streams would not resume); resuming anyway (saved for another number "
+        "of processes)"
+    ]
     assert check_checkpoint(checkpoint, world_size=2).ok
+
+
+def test_a_missing_run_state_warns_what_a_resume_loses(copy):
+    (copy / "checkpoint-10" / "hf_pretrain_state.json").unlink()  # also what a plain transformers checkpoint lacks
+    check = check_checkpoint(copy / "checkpoint-10")
+    assert check.ok and len(check.warnings) == 1
+    assert check.warnings[0].startswith("hf_pretrain_state.json: missing (a checkpoint of plain transformers has none")
+    assert "a stream is read again from its start" in check.warnings[0]
 
 
 def test_explicit_path_with_a_missing_optimizer_is_refused_naming_the_file_and_the_fix(copy):

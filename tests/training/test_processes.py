@@ -50,3 +50,55 @@ def test_a_group_still_held_leaves_its_threads_idle_at_exit():
     result = leave(hold=True)
     assert len(result["after"]) == len(result["before"]) >= 3  # alive until the process ends
     assert "R" not in result["after"]  # none running or runnable when the interpreter goes on to finalize
+
+
+TRAINER_SCRIPT = """
+import atexit, torch.distributed as dist
+from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
+from tests.conftest import small_config
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+# atexit runs last-in first-out: registered before the trainer, this looks after the trainer's own exit work
+atexit.register(lambda: print("group at exit:", "kept" if dist.is_initialized() else "left", flush=True))
+args = PretrainingArguments(output_dir="{out}", report_to="none", use_cpu=True, pretrain_extras={extras})
+PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args)
+"""
+
+
+@pytest.mark.parametrize("extras", [True, False])
+def test_a_script_that_never_leaves_its_group_is_left_by_the_trainer_at_exit(tmp_path, extras):
+    script = textwrap.dedent(TRAINER_SCRIPT.format(port=free_port(), out=tmp_path, extras=extras))
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"group at exit: {'left' if extras else 'kept'}" in proc.stdout  # extras off: plain Trainer, untouched
+
+
+@pytest.mark.parametrize(
+    "readings, expected_reads",
+    [
+        ([[]], 1),  # no gloo thread: returns at once
+        ([["S"], ["S"], ["S"], ["S"]], 4),  # idle: three quiet checks after the first look
+        ([["R", "S"], ["R"], ["S", "S"], ["R", "S"], ["S"], ["S"], ["S"], ["S"]], 7),  # each running one restarts it
+    ],
+)
+def test_the_exit_waits_for_three_quiet_checks_in_a_row(monkeypatch, readings, expected_reads):
+    from hf_pretrain.training import processes
+
+    reads = iter(readings)
+    seen = []
+    monkeypatch.setattr(processes, "gloo_thread_states", lambda: seen.append(1) or next(reads))
+    monkeypatch.setattr(processes.time, "sleep", lambda seconds: None)
+    processes.settle_gloo_threads()
+    assert len(seen) == expected_reads
+
+
+def test_the_exit_wait_is_bounded(monkeypatch):
+    from hf_pretrain.training import processes
+
+    clock = iter(range(0, 1000, 1))  # one second a look
+    monkeypatch.setattr(processes, "gloo_thread_states", lambda: ["R"])  # a thread that never goes idle
+    monkeypatch.setattr(processes.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(processes.time, "monotonic", lambda: next(clock))
+    processes.settle_gloo_threads(timeout_s=5)
+    assert next(clock) <= 8  # stopped at the deadline, not after 1000 looks

@@ -202,3 +202,37 @@ def test_padded_sampler_completes_an_uneven_epoch_as_accelerate_does_and_keeps_i
         for done in range(1, len(uninterrupted)):  # resumed after `done` micro-batches of every rank
             padded.start_at(2, done * batch * processes)
             assert shards(padded, rank) == uninterrupted[done:]
+
+
+@pytest.mark.parametrize(
+    "world_size, saved, expected, warns",
+    [
+        (1, 12, 12, False),  # one process resuming two ranks' run: completes each epoch end as they did
+        (2, 12, 12, False),  # the same geometry
+        (2, 1, 12, True),  # two ranks resuming one process's run: accelerate completes the end; it warns
+        (1, None, 1, False),  # a fresh run, or a checkpoint written before the key existed
+    ],
+)
+def test_the_epoch_end_follows_the_checkpointed_run_across_a_change_of_processes(
+    world_size, saved, expected, warns, caplog
+):
+    from types import SimpleNamespace
+
+    from transformers.trainer_pt_utils import AcceleratorConfig
+
+    from hf_pretrain.training.data_position import DataPosition
+
+    args = SimpleNamespace(
+        world_size=world_size,
+        per_device_train_batch_size=12 // world_size,
+        dataloader_drop_last=False,
+        accelerator_config=AcceleratorConfig(),
+        data_seed=None,
+        seed=0,
+    )
+    position = DataPosition(SimpleNamespace(args=args))
+    position.saved = {} if saved is None else {"data": {"epoch_padded_to_multiple_of": saved}}
+    with caplog.at_level(logging.WARNING, logger="hf_pretrain"):
+        sampler = position.sampler_for(RandomSampler(range(44)))
+    assert sampler.pad_to_multiple_of == expected and len(sampler) == (48 if expected == 12 else 44)
+    assert ("shorter last batch at each epoch end" in caplog.text) == warns
