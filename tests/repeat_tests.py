@@ -11,12 +11,21 @@ short keeps what it counted) and the output of every failing round to `--out/rou
 
 Prints one line per round and, at the end, each test's passes / runs and its longest streak of passes in a row.
 This is a tool for developers, not part of `make test` (30 rounds of the multi-process tests take hours on 2 cores).
+
+30 rounds do not fit one working session on 2 cores, so a tally can be continued: `OUT/meta.json` records the
+selection and a fingerprint of the code the tests run (the git blobs of `hf_pretrain/`, `tests/`, `examples/`,
+`ds_configs/`, `setup.cfg`, `pyproject.toml`; not this tool, nor the record in `tests/repeat_record/`; "dirty"
+with uncommitted changes there), and
+`--resume` goes on counting only while both are the same: a streak is the same code's, or it starts anew.
+
+    python -m tests.repeat_tests --out tests/repeat_record --resume $(cat tests/repeat_record/selection.txt)
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import subprocess
 import sys
@@ -25,6 +34,35 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+CODE = ("hf_pretrain", "tests", "examples", "ds_configs", "setup.cfg", "pyproject.toml")
+
+
+NOT_CODE = ("tests/repeat_tests.py", "tests/repeat_record/")  # this tool and its record
+
+
+def code_fingerprint() -> str:
+    """The git blobs of what the tests run (`CODE` less `NOT_CODE`), hashed; "dirty" with uncommitted changes there."""
+    git = ["git", "-C", str(ROOT)]
+    status = subprocess.run([*git, "status", "--porcelain", "--", *CODE], capture_output=True, text=True, check=True)
+    if any(not any(part in line for part in NOT_CODE) for line in status.stdout.splitlines()):
+        return "dirty"
+    listing = subprocess.run([*git, "ls-tree", "-r", "HEAD", "--", *CODE], capture_output=True, text=True, check=True)
+    blobs = [line for line in listing.stdout.splitlines() if not any(part in line for part in NOT_CODE)]
+    return hashlib.sha256("\n".join(blobs).encode()).hexdigest()[:16]
+
+
+def load_tally(out: Path, selection: list[str], fingerprint: str) -> tuple[dict, int]:
+    """The tally and the rounds already counted in `out`, if they were counted on this code and selection."""
+    meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").exists() else {}
+    if not meta:
+        raise SystemExit(f"--resume: {out} has no meta.json (no tally to go on with); drop --resume.")
+    if meta["selection"] != selection:
+        reason = f"another selection (then: {' '.join(meta['selection'])[:300]})"
+    elif fingerprint == "dirty" or meta["fingerprint"] != fingerprint:
+        reason = f"other code ({meta['fingerprint']} then, {fingerprint} now; commit the changes, or start anew)"
+    else:
+        return json.loads((out / "tally.json").read_text()), meta["rounds"]
+    raise SystemExit(f"--resume: {out} was counted with {reason}; start a new tally (another --out, no --resume).")
 
 
 def run_round(selection: list[str], xml: Path, log: Path) -> tuple[dict[str, str], float, int]:
@@ -69,14 +107,16 @@ def deadline_after(now: datetime.datetime, clock: str | None) -> datetime.dateti
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=30, help="rounds to run (more rounds, with --resume)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "repeat")
     parser.add_argument("--until", help="HH:MM (local time): start no round after it")
+    parser.add_argument("--resume", action="store_true", help="go on counting the tally in --out (same code only)")
     args, selection = parser.parse_known_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    tally: dict = {}
+    fingerprint = code_fingerprint()
+    tally, done = load_tally(args.out, selection, fingerprint) if args.resume else ({}, 0)
     deadline = deadline_after(datetime.datetime.now(), args.until)
-    for k in range(1, args.rounds + 1):
+    for k in range(done + 1, done + args.rounds + 1):
         if deadline and datetime.datetime.now() >= deadline:
             print(f"stopped before round {k}: past {args.until}")
             break
@@ -92,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         (args.out / "tally.json").write_text(json.dumps(tally, indent=1, sort_keys=True))
+        meta = {"fingerprint": fingerprint, "rounds": k, "selection": selection}
+        (args.out / "meta.json").write_text(json.dumps(meta, indent=1))
     for name, entry in sorted(tally.items()):
         print(f"{entry['passed']:3d}/{entry['runs']:<3d} passed, best streak {entry['best']:3d}  {name}")
     return 1 if any(entry["failed"] for entry in tally.values()) else 0
