@@ -82,17 +82,19 @@ class DataPosition:
         """The multiple the sampler completes each epoch to: this run's (`_even_batches_multiple`), or on one process
         the checkpoint's, so a resume of a several-process run trains the same epoch ends as that run."""
         multiple = self._even_batches_multiple()
-        saved = (self.saved.get("data") or {}).get("epoch_padded_to_multiple_of")
+        position = self.saved.get("data") or {}
+        saved = position.get("epoch_padded_to_multiple_of")
         if saved is None or saved == multiple:
             return multiple
         args = self.trainer.args
-        if multiple == 1 and args.world_size == 1 and not args.dataloader_drop_last:
+        same_batch = position.get("samples_per_micro_batch") == args.per_device_train_batch_size * args.world_size
+        if multiple == 1 and args.world_size == 1 and not args.dataloader_drop_last and same_batch:
             logger.info(
                 f"Each epoch is completed to a multiple of {saved} samples with its first ones, as the checkpoint's "
                 "run of several processes did (accelerate's even_batches): the same samples as that run."
             )
             return saved
-        if saved == 1:
+        if saved == 1 and same_batch:
             logger.warning(
                 "The checkpoint's run trained a shorter last batch at each epoch end; with "
                 f"{args.world_size} processes accelerate completes it with repeated samples (even_batches), so the "

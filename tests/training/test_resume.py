@@ -205,16 +205,17 @@ def test_padded_sampler_completes_an_uneven_epoch_as_accelerate_does_and_keeps_i
 
 
 @pytest.mark.parametrize(
-    "world_size, saved, expected, warns",
+    "world_size, saved, batch, expected, warns",
     [
-        (1, 12, 12, False),  # one process resuming two ranks' run: completes each epoch end as they did
-        (2, 12, 12, False),  # the same geometry
-        (2, 1, 12, True),  # two ranks resuming one process's run: accelerate completes the end; it warns
-        (1, None, 1, False),  # a fresh run, or a checkpoint written before the key existed
+        (1, 12, {"samples_per_micro_batch": 12}, 12, False),  # one process resuming two ranks' run: as they did
+        (2, 12, {"samples_per_micro_batch": 12}, 12, False),  # the same geometry
+        (2, 1, {"samples_per_micro_batch": 12}, 12, True),  # two ranks resuming one process: accelerate completes
+        (1, None, {}, 1, False),  # a fresh run, or a checkpoint written before the key existed
+        (1, 8, {"samples_per_micro_batch": 8}, 1, False),  # another global batch: the geometry warning's case
     ],
 )
 def test_the_epoch_end_follows_the_checkpointed_run_across_a_change_of_processes(
-    world_size, saved, expected, warns, caplog
+    world_size, saved, batch, expected, warns, caplog
 ):
     from types import SimpleNamespace
 
@@ -231,7 +232,7 @@ def test_the_epoch_end_follows_the_checkpointed_run_across_a_change_of_processes
         seed=0,
     )
     position = DataPosition(SimpleNamespace(args=args))
-    position.saved = {} if saved is None else {"data": {"epoch_padded_to_multiple_of": saved}}
+    position.saved = {} if saved is None else {"data": {"epoch_padded_to_multiple_of": saved, **batch}}
     with caplog.at_level(logging.WARNING, logger="hf_pretrain"):
         sampler = position.sampler_for(RandomSampler(range(44)))
     assert sampler.pad_to_multiple_of == expected and len(sampler) == (48 if expected == 12 else 44)
