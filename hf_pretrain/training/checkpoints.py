@@ -100,10 +100,12 @@ def _folder_bytes(folder: Path) -> int:
 
 
 def disk_full_error(error: BaseException, run_dir: str, name: str) -> OSError | None:
-    """A clear error for a save that failed for want of space, or None when the disk is not the cause.
+    """A clear error for a save that failed for want of space, or None when the error does not say so.
 
-    torch's writer says `inline_container.cc ... unexpected pos` and nothing of space: the file system's
-    free bytes are measured here, against the size of the newest checkpoint already written."""
+    The error says so by its errno (ENOSPC, EDQUOT) or its words: torch's writer says
+    `inline_container.cc ... unexpected pos` and nothing of space. The file system's free bytes are
+    measured here, against the size of the newest checkpoint already written; less free space than
+    that alone (an error of another kind) only adds a note to the error, which stays the user's."""
     chain, cause = [], error
     while cause is not None and len(chain) < 8:
         chain.append(cause)
@@ -114,7 +116,12 @@ def disk_full_error(error: BaseException, run_dir: str, name: str) -> OSError | 
     needed = _folder_bytes(whole[-1]) if whole else None
     no_space = any(getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) for e in chain)
     no_space = no_space or "No space left" in text or "unexpected pos" in text
-    if not (no_space or (needed is not None and free < needed)):
+    if not no_space:
+        if needed is not None and free < needed:
+            error.add_note(
+                f"{free / 2**20:.1f} MiB free on the file system of {run_dir}, less than the newest checkpoint "
+                f"({whole[-1].name}) takes ({needed / 2**20:.1f} MiB): the disk may be the cause."
+            )
         return None
     size = f", the newest checkpoint ({whole[-1].name}) takes {needed / 2**20:.1f} MiB" if needed else ""
     intact = f" The checkpoints already there are intact (newest: {whole[-1].name})." if whole else ""

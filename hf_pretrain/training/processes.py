@@ -29,12 +29,29 @@
   released, until no gloo thread of the process has been running or runnable for 3 checks 10 ms
   apart (Linux: the threads' states in /proc/self/task; elsewhere a fixed 50 ms), at most 2 s;
   without gloo threads it returns at once.
+- `workers_start_warning(args)`: the same gloo threads make DataLoader workers started with `fork`
+  (Linux's default before Python 3.14) able to hang. A gloo thread that takes the GIL creates a
+  thread state under the interpreter's runtime lock; a fork at that moment leaves the lock held in
+  the child, and CPython before the gh-112275 fix (3.11.7 here; fixed in 3.12) waits on it forever
+  right after `os.fork()`: the rank waits on its worker, the other ranks in their next collective.
+  Seen once in about 1,000 worker forks by ranks (round 28 of the repeated multi-process tests: the
+  child stuck in `os.fork()` holding a second, foreign thread state; stacks in
+  tests/repeat_record/round-28-hang-stacks.txt). `forkserver` is no cure for a rank that can die:
+  its workers are the server's children, and torch's worker watchdog (2.13) only notices its
+  parent's death, so a SIGKILLed rank leaves its workers and the server running, holding the
+  launcher's output pipes open (seen: the killed-rank test waited on its launch until stopped by
+  hand 15 min later). `spawn` starts each worker as a fresh interpreter, a child of the rank:
+  neither. Plain `Trainer` runs the same risks, and its arguments stay the user's, so this only
+  warns (rank 0, once per trainer) and names the fix: `dataloader_multiprocessing_context="spawn"`, with
+  `dataloader_persistent_workers=True` to pay the start (imports, the pickled dataset) once per
+  run rather than per epoch; the script needs its `if __name__ == "__main__":` guard.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import multiprocessing
 import os
 import socket
 import time
@@ -50,6 +67,29 @@ def check_launched_world_size(world_size: int) -> None:
             f"The launcher started {launched} processes but the Trainer runs with world_size={world_size}. "
             "On a CPU-only machine pass use_cpu=True (PretrainingArguments does it by default) so the ranks join over gloo."
         )
+
+
+RISKS = {
+    "fork": "a worker forked while a gloo/NCCL thread of the rank holds an interpreter lock can hang right after "
+    "the fork, and the run with it (CPython gh-112275, before 3.12; fork from a threaded process is unsafe)",
+    "forkserver": "the workers are children of the server, not of the rank: a rank that dies leaves them and the "
+    "server running (torch's worker watchdog watches the parent), holding the launcher's output open",
+}
+
+
+def workers_start_warning(args) -> str | None:
+    """What can go wrong with the DataLoader workers of `args` (`TrainingArguments`) in a rank of a multi-process
+    run, and the fix; None for one process, no workers, or `spawn`."""
+    method = args.dataloader_multiprocessing_context or multiprocessing.get_start_method(allow_none=True)
+    method = method or multiprocessing.get_all_start_methods()[0]  # this interpreter's default, left unset
+    if args.world_size <= 1 or args.dataloader_num_workers <= 0 or method not in RISKS:
+        return None
+    return (
+        f"dataloader_num_workers={args.dataloader_num_workers} started with '{method}' in a run of "
+        f"{args.world_size} processes: {RISKS[method]}. Set dataloader_multiprocessing_context='spawn' and "
+        "dataloader_persistent_workers=True (workers started once per run; the script keeps its "
+        "`if __name__ == '__main__':` guard and the dataset and collator must pickle), or dataloader_num_workers=0."
+    )
 
 
 def single_process_rendezvous() -> None:

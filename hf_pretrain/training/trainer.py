@@ -18,7 +18,7 @@ differences). It adds, each in its own room:
 - checkpoints (`checkpointing.py`): checked before a resume, written atomically;
 - FSDP2 (`fsdp.py`): on CPU ranks too, and `save_model()` writes the full weights under sharded state dicts;
 - the processes (`processes.py`): a launch that lost its ranks is refused, one DeepSpeed process
-  needs no launcher, the process group is left before exit;
+  needs no launcher, the process group is left before exit, risky DataLoader workers of a rank are warned of;
 - causal-LM metrics in `evaluate()` (`eval_metrics.py`).
 This file only wires those rooms to the Trainer. Every override of a private `Trainer` method is in
 the last section, written against transformers 5.24.
@@ -42,7 +42,13 @@ from .eval_metrics import is_causal_lm, lm_eval_metrics
 from .fsdp import fsdp_on_cpu, save_config, save_full_weights, sharded_saves
 from .loss_guard import LossGuardCallback, LossSpikeError, guard_optimizer
 from .optimizers import build_optimizer, check_optimizer_supported
-from .processes import check_launched_world_size, leave_process_group, single_process_rendezvous, wait_for_everyone
+from .processes import (
+    check_launched_world_size,
+    leave_process_group,
+    single_process_rendezvous,
+    wait_for_everyone,
+    workers_start_warning,
+)
 from .schedules import build_schedule
 from .tokens import TokenCounter
 from .wiring import (
@@ -87,6 +93,8 @@ class PretrainTrainer(Trainer):
         self.precision_report = precision_from_arguments(self)
         check_launched_world_size(self.args.world_size)
         check_optimizer_supported(self)
+        if (warning := workers_start_warning(self.args)) and self.args.process_index == 0:
+            logger.warning(warning)  # the same for every rank: said once
 
     def tokens_seen(self, state=None) -> int:
         """Real tokens of all ranks so far (see `tokens.py`)."""

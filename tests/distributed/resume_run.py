@@ -2,7 +2,8 @@
 
 Usage: python tests/distributed/resume_run.py OUTPUT_DIR PER_DEVICE_BATCH [kill:STEP | resume]
 44 rows at a global micro-batch of 12: every epoch ends with a short batch that accelerate (even_batches)
-completes with the epoch's first samples. Checkpoints every 3 steps, 15 steps, one dataloader worker.
+completes with the epoch's first samples. Checkpoints every 3 steps, 15 steps, one dataloader worker,
+spawned once per run (forked by a rank it can hang: hf_pretrain/training/processes.py).
 `kill:STEP` SIGKILLs rank 1 at the end of STEP (a lost node); `resume` continues from the newest
 checkpoint. Writes OUTPUT_DIR/losses-<run>-rank<r>.json with the loss of every step.
 """
@@ -51,6 +52,8 @@ def main(output_dir: str, per_device: int, mode: str = "") -> None:
         save_strategy="steps",
         save_steps=3,
         dataloader_num_workers=1,
+        dataloader_multiprocessing_context="spawn",
+        dataloader_persistent_workers=True,
     )
     model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=2))
     run = "resumed" if mode == "resume" else "killed" if mode.startswith("kill") else "straight"

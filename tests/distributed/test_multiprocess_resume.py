@@ -42,6 +42,7 @@ def straight(tmp_path_factory):
     out = tmp_path_factory.mktemp("straight")
     result = launch(out, 6)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "dataloader_num_workers=1 started" not in result.stderr  # a spawned worker: nothing to warn of
     return out
 
 
