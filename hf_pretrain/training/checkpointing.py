@@ -108,11 +108,11 @@ class Checkpointing:
         staged, final = os.path.join(staging_root(run_dir), name), os.path.join(run_dir, name)
         try:
             self._save_staged(save_checkpoint, run_dir, staged, final, run_state)
-        except (OSError, RuntimeError) as error:  # a full disk: say so, and free what the half save took
+        except (OSError, RuntimeError) as error:  # a full disk: say so (space measured first); free the half save
             full = disk_full_error(error, run_dir, name)
+            shutil.rmtree(staged, ignore_errors=True)
             if full is None:
                 raise
-            shutil.rmtree(staged, ignore_errors=True)
             raise full from error
 
     def _save_staged(self, save_checkpoint, run_dir: str, staged: str, final: str, run_state: dict) -> None:

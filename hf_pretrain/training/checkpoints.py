@@ -117,7 +117,7 @@ def disk_full_error(error: BaseException, run_dir: str, name: str) -> OSError | 
     no_space = any(getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) for e in chain)
     no_space = no_space or "No space left" in text or "unexpected pos" in text
     if not no_space:
-        if needed is not None and free < needed:
+        if needed is not None and free < needed and hasattr(error, "add_note"):  # Python 3.11+
             error.add_note(
                 f"{free / 2**20:.1f} MiB free on the file system of {run_dir}, less than the newest checkpoint "
                 f"({whole[-1].name}) takes ({needed / 2**20:.1f} MiB): the disk may be the cause."

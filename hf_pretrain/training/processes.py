@@ -32,8 +32,9 @@
 - `workers_start_warning(args)`: the same gloo threads make DataLoader workers started with `fork`
   (Linux's default before Python 3.14) able to hang. A gloo thread that takes the GIL creates a
   thread state under the interpreter's runtime lock; a fork at that moment leaves the lock held in
-  the child, and CPython before the gh-112275 fix (3.11.7 here; fixed in 3.12) waits on it forever
-  right after `os.fork()`: the rank waits on its worker, the other ranks in their next collective.
+  the child, and CPython before the gh-112275 fix (3.11.7 here; fixed in 3.12 and later on the 3.11
+  branch) waits on it forever right after `os.fork()`: the rank waits on its worker, the other
+  ranks in their next collective.
   Seen once in about 1,000 worker forks by ranks (round 28 of the repeated multi-process tests: the
   child stuck in `os.fork()` holding a second, foreign thread state; stacks in
   tests/repeat_record/round-28-hang-stacks.txt). `forkserver` is no cure for a rank that can die:
@@ -42,9 +43,11 @@
   launcher's output pipes open (seen: the killed-rank test waited on its launch until stopped by
   hand 15 min later). `spawn` starts each worker as a fresh interpreter, a child of the rank:
   neither. Plain `Trainer` runs the same risks, and its arguments stay the user's, so this only
-  warns (rank 0, once per trainer) and names the fix: `dataloader_multiprocessing_context="spawn"`, with
-  `dataloader_persistent_workers=True` to pay the start (imports, the pickled dataset) once per
-  run rather than per epoch; the script needs its `if __name__ == "__main__":` guard.
+  warns (rank 0, once per trainer) and names the fix: `dataloader_multiprocessing_context="spawn"`
+  (the script needs its `if __name__ == "__main__":` guard). `dataloader_persistent_workers=True`
+  pays the start (imports, the pickled dataset) once per run instead of every epoch, at a price
+  named in docs/distributed.md: a resume at an epoch boundary draws the workers' base seed from the
+  CPU generator once more than the uninterrupted run did.
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ def check_launched_world_size(world_size: int) -> None:
 
 RISKS = {
     "fork": "a worker forked while a gloo/NCCL thread of the rank holds an interpreter lock can hang right after "
-    "the fork, and the run with it (CPython gh-112275, before 3.12; fork from a threaded process is unsafe)",
+    "the fork, and the run with it (CPython gh-112275 on 3.11 before its fix; fork from a threaded process is "
+    "unsafe)",
     "forkserver": "the workers are children of the server, not of the rank: a rank that dies leaves them and the "
     "server running (torch's worker watchdog watches the parent), holding the launcher's output open",
 }
@@ -86,9 +90,10 @@ def workers_start_warning(args) -> str | None:
         return None
     return (
         f"dataloader_num_workers={args.dataloader_num_workers} started with '{method}' in a run of "
-        f"{args.world_size} processes: {RISKS[method]}. Set dataloader_multiprocessing_context='spawn' and "
-        "dataloader_persistent_workers=True (workers started once per run; the script keeps its "
-        "`if __name__ == '__main__':` guard and the dataset and collator must pickle), or dataloader_num_workers=0."
+        f"{args.world_size} processes: {RISKS[method]}. Set dataloader_multiprocessing_context='spawn' (the script "
+        "keeps its `if __name__ == '__main__':` guard; the dataset and collator must pickle; "
+        "dataloader_persistent_workers=True starts the workers once per run instead of every epoch), or "
+        "dataloader_num_workers=0."
     )
 
 

@@ -3,13 +3,17 @@
 import errno
 import shutil
 import subprocess
+import sys
 import uuid
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from hf_pretrain.training import checkpoints
 from hf_pretrain.training.checkpoint_check import check_checkpoint
-from hf_pretrain.training.checkpoints import disk_full_error
+from hf_pretrain.training.checkpointing import Checkpointing
+from hf_pretrain.training.checkpoints import disk_full_error, staging_root
 from tests.training.test_resume import train
 
 
@@ -42,6 +46,16 @@ def test_disk_full_during_a_save_is_named_and_the_previous_checkpoint_survives(t
         shutil.rmtree(disk, ignore_errors=True)
 
 
+def newest_checkpoint(run_dir, size=4096):
+    (run_dir / "checkpoint-5").mkdir()
+    (run_dir / "checkpoint-5" / "model.safetensors").write_bytes(b"0" * size)
+
+
+def free_bytes(monkeypatch, run_dir, free):
+    usage = shutil.disk_usage(run_dir)._replace(free=free)
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: usage)
+
+
 @pytest.mark.parametrize(
     "error, labelled",
     [
@@ -52,13 +66,33 @@ def test_disk_full_during_a_save_is_named_and_the_previous_checkpoint_survives(t
     ],
 )
 def test_only_an_error_that_says_so_is_labelled_a_full_disk(tmp_path, monkeypatch, error, labelled):
-    (tmp_path / "checkpoint-5").mkdir()
-    (tmp_path / "checkpoint-5" / "model.safetensors").write_bytes(b"0" * 4096)
-    low = shutil.disk_usage(tmp_path)._replace(free=1024)  # less than the newest checkpoint
-    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: low)
+    newest_checkpoint(tmp_path)
+    free_bytes(monkeypatch, tmp_path, 1024)  # less than the newest checkpoint
     full = disk_full_error(error, str(tmp_path), "checkpoint-10")
     assert (full is not None) == labelled
     if labelled:
         assert full.errno == errno.ENOSPC and "0.0 MiB free on that file system" in str(full)
-    else:  # the user's error, with the free space noted
+    elif sys.version_info >= (3, 11):  # the user's error, with the free space noted (notes: Python 3.11+)
         assert "less than the newest checkpoint (checkpoint-5)" in error.__notes__[0]
+
+
+def test_an_error_on_a_roomy_disk_is_left_as_it_is(tmp_path, monkeypatch):
+    newest_checkpoint(tmp_path)
+    free_bytes(monkeypatch, tmp_path, 10 * 2**30)
+    error = PermissionError(errno.EACCES, "Permission denied")
+    assert disk_full_error(error, str(tmp_path), "checkpoint-10") is None
+    assert not getattr(error, "__notes__", [])
+
+
+def test_a_failed_save_of_another_kind_raises_it_and_removes_the_half_save(tmp_path):
+    staged = Path(staging_root(str(tmp_path))) / "checkpoint-10"
+
+    def save_checkpoint():  # the Trainer's save, failing halfway
+        staged.mkdir(parents=True)
+        (staged / "model.safetensors").write_bytes(b"0" * 1024)
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    checkpointing = Checkpointing(SimpleNamespace(state=SimpleNamespace(global_step=10)))
+    with pytest.raises(PermissionError, match="Permission denied"):
+        checkpointing.save(save_checkpoint, str(tmp_path), {})
+    assert not staged.exists() and not (tmp_path / "checkpoint-10").exists()

@@ -3,15 +3,13 @@
 test session itself never holds one."""
 
 import json
-import multiprocessing
 import subprocess
 import sys
 import textwrap
-from types import SimpleNamespace
 
 import pytest
 
-from hf_pretrain.training.processes import TASKS, workers_start_warning
+from hf_pretrain.training.processes import TASKS
 from tests.distributed.test_distributed import ENV, ROOT, free_port
 
 pytestmark = pytest.mark.skipif(not TASKS.is_dir(), reason="reads thread states from /proc (Linux)")
@@ -104,49 +102,3 @@ def test_the_exit_wait_is_bounded(monkeypatch):
     monkeypatch.setattr(processes.time, "monotonic", lambda: next(clock))
     processes.settle_gloo_threads(timeout_s=5)
     assert next(clock) <= 8  # stopped at the deadline, not after 1000 looks
-
-
-def workers(world_size=2, num_workers=1, context=None):
-    return SimpleNamespace(
-        world_size=world_size, dataloader_num_workers=num_workers, dataloader_multiprocessing_context=context
-    )
-
-
-@pytest.mark.parametrize(
-    "args, risk",
-    [
-        (workers(context="fork"), "can hang right after the fork"),
-        (workers(context="forkserver"), "a rank that dies leaves them and the server running"),
-        (workers(), "can hang" if multiprocessing.get_all_start_methods()[0] == "fork" else "server"),  # the default
-        (workers(context="spawn"), None),  # a fresh interpreter, a child of the rank
-        (workers(world_size=1, context="fork"), None),  # one process: no gloo/NCCL threads
-        (workers(num_workers=0, context="fork"), None),  # loaded in the rank itself
-    ],
-)
-def test_risky_workers_of_a_rank_are_warned_of_with_the_fix(args, risk):
-    warning = workers_start_warning(args)
-    assert (warning is None) == (risk is None)
-    if risk:
-        assert risk in warning and "dataloader_multiprocessing_context='spawn'" in warning
-
-
-def test_the_trainer_of_a_rank_warns_once_at_construction(tmp_path, monkeypatch, caplog):
-    from transformers.utils import logging as hf_logging
-
-    from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
-    from hf_pretrain.training import trainer
-    from tests.conftest import small_config
-
-    # The arguments of a rank of two, without the processes (the launched-world check would see one)
-    monkeypatch.setattr(PretrainingArguments, "world_size", property(lambda self: 2))
-    monkeypatch.setattr(trainer, "check_launched_world_size", lambda world_size: None)
-    common = dict(output_dir=str(tmp_path), report_to="none", use_cpu=True, dataloader_num_workers=1)
-    hf_logging.enable_propagation()
-    try:
-        for context, expected in (("fork", 1), ("spawn", 0)):
-            caplog.clear()
-            args = PretrainingArguments(**common, dataloader_multiprocessing_context=context)
-            PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args)
-            assert sum("dataloader_num_workers=1 started" in r.getMessage() for r in caplog.records) == expected
-    finally:
-        hf_logging.disable_propagation()
