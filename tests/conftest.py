@@ -3,6 +3,9 @@ import os
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# One intra-op thread in the tests and every process they start: the models are tiny, and two ranks of two
+# spinning OpenMP threads each on a 2-core machine run 10x slower than one thread each.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 

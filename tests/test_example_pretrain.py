@@ -41,11 +41,7 @@ def launch(out: Path, *launch_args: str, extra=(), data_dir: Path | None = None)
     ]
     if data_dir:
         cmd += ["--data_cache_dir", str(data_dir)]
-    env = {
-        **os.environ,
-        "TOKENIZERS_PARALLELISM": "false",
-        "OMP_NUM_THREADS": "1" if "--multi_gpu" in launch_args else "2",
-    }
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc

@@ -394,7 +394,7 @@ def test_the_planned_launch_trains(tmp_path):
     fast = ["--max_steps", "4", "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4",
             "--gradient_accumulation_steps", "1", "--precision", "fp32", "--save_strategy", "no"]  # fmt: skip
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "examples/pretrain.py"]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "2"}
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(
         [*cmd, *argv, *fast, "--data_cache_dir", str(tmp_path / "data")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
