@@ -12,13 +12,13 @@ short keeps what it counted) and the output of every failing round to `--out/rou
 Prints one line per round and, at the end, each test's passes / runs and its longest streak of passes in a row.
 This is a tool for developers, not part of `make test` (30 rounds of the multi-process tests take hours on 2 cores).
 
-30 rounds do not fit one working session on 2 cores, so a tally can be continued: `OUT/meta.json` records the
-selection and a fingerprint of the code the tests run (the git blobs of `hf_pretrain/`, `tests/`, `examples/`,
-`ds_configs/`, `setup.cfg`, `pyproject.toml`; not this tool, nor the record in `tests/repeat_record/`; "dirty"
-with uncommitted changes there), and
-`--resume` goes on counting only while both are the same: a streak is the same code's, or it starts anew.
+The record goes to `--out` (default `runs/repeat/`, ignored by git: a record is a run's log, never a commit; its
+result goes into a closing note or a doc as one sentence, "N rounds in a row on <commit>"). A tally can be continued
+in a later session: `OUT/meta.json` records the selection and a fingerprint of the code the tests run (the git
+blobs of `hf_pretrain/`, `tests/`, `examples/`, `ds_configs/`, `setup.cfg`, `pyproject.toml`, not this tool;
+"dirty" with uncommitted changes there), and `--resume` goes on counting only while both are the same.
 
-    python -m tests.repeat_tests --out tests/repeat_record --resume $(cat tests/repeat_record/selection.txt)
+    python -m tests.repeat_tests --resume -m distributed
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CODE = ("hf_pretrain", "tests", "examples", "ds_configs", "setup.cfg", "pyproject.toml")
 
 
-NOT_CODE = ("tests/repeat_tests.py", "tests/repeat_record/")  # this tool and its record
+NOT_CODE = ("tests/repeat_tests.py",)  # this tool
 
 
 def code_fingerprint() -> str:
