@@ -1,6 +1,7 @@
 # The two commands of the README. Each creates the virtual environment it needs (.venv) by itself.
 #   make pretrain   the main job on its embedded default: accelerate launch examples/pretrain.py
-#   make test       the whole test suite
+#   make test       the test suite (minutes): every capability, one real multi-process run per backend
+#   make test-all   the same plus the exhaustive matrix (every backend x every fault): before a release
 # TORCH_SPEC pins the PyTorch build installed first; the default is the tested CPU release (on this
 # project's machines its wheel lies on local disk). On a GPU machine: make pretrain TORCH_SPEC=torch
 PYTHON ?= python3
@@ -10,7 +11,7 @@ ACCELERATE_ARGS ?= --num_processes 1 --num_machines 1 --mixed_precision no --dyn
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hf_pretrain-installed
 
-.PHONY: pretrain test venv clean
+.PHONY: pretrain test test-all lint venv clean
 
 venv: $(STAMP)
 
@@ -23,10 +24,15 @@ $(STAMP): setup.cfg pyproject.toml
 pretrain: $(STAMP)
 	$(BIN)/accelerate launch $(ACCELERATE_ARGS) examples/pretrain.py $(ARGS)
 
-test: $(STAMP)
+lint: $(STAMP)
 	$(BIN)/ruff check hf_pretrain examples benchmarks tests
 	$(BIN)/ruff format --check hf_pretrain examples benchmarks tests
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test: lint
+	$(BIN)/python -m pytest -m "not exhaustive" --durations=15 $(PYTEST_ARGS)
+
+test-all: lint
+	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -73,7 +73,7 @@ def test_default_job_trains_evaluates_saves_and_samples(tmp_path):
     assert "[tokenizer] loaded" in again.stdout and again.stdout.count("[reused cache]") == 2
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # make test: DDP in tests/distributed/, the example's flags in one process below
 @pytest.mark.distributed
 def test_two_cpu_ranks_with_multi_gpu_launch(tmp_path):
     proc = launch(tmp_path / "run", "--multi_gpu", "--num_processes", "2", extra=["--max_steps", "6"])

@@ -16,7 +16,9 @@ from hf_pretrain import PretrainForCausalLM
 ROOT = Path(__file__).resolve().parents[1]
 # The base is a 2-step pretrain (near-random weights): the default path (pretrain.py's main()) runs, cheaply, and
 # everything the answers learn comes from the adapters. docs/finetuning.md has the numbers of the default run.
-SHORT = ["--base_steps", "2", "--max_steps", "300", "--logging_steps", "100"]
+# 300 LoRA steps learn the answers (make test-all); 20 check the whole path (make test).
+SHORT = ["--base_steps", "2", "--logging_steps", "10"]
+LEARNS = 300
 
 
 def example_module():
@@ -38,10 +40,12 @@ def expected_lora_parameters(config, r: int, targets: list[str]) -> int:
 
 
 @pytest.mark.slow
-def test_lora_sft_merges_exports_and_answers(tmp_path):
+@pytest.mark.parametrize("steps", [20, pytest.param(LEARNS, marks=pytest.mark.exhaustive)])
+def test_lora_sft_merges_exports_and_answers(tmp_path, steps):
     out = tmp_path / "sft"
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, str(ROOT / "examples" / "sft_lora.py"), "--output_dir", str(out), *SHORT]
+    cmd += ["--max_steps", str(steps)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     summary = json.loads((out / "sft_summary.json").read_text())
@@ -73,7 +77,8 @@ def test_lora_sft_merges_exports_and_answers(tmp_path):
     # LoRA changed the answers: exact match on the trained chats rose by a wide margin, and the merged model (reloaded
     # from disk) is what was measured; the exported model answers the held-out chats the same way.
     before, after = summary["before"], summary["after"]
-    assert after["train"]["exact_match"] >= before["train"]["exact_match"] + 0.3, (before, after)
+    if steps >= LEARNS:
+        assert after["train"]["exact_match"] >= before["train"]["exact_match"] + 0.3, (before, after)
     assert summary["merge_answer_agreement"] == 1.0  # merging changed no answer (same CPU, same batches)
     assert fresh["exact_match"] == fresh["merged_exact_match"] == after["heldout"]["exact_match"]
 

@@ -24,6 +24,7 @@ def launch(mode: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.exhaustive  # 8 launches; make test: tests/training/test_processes.py checks the exit's parts
 def test_ranks_holding_their_group_exit_cleanly_after_leaving_it():
     for attempt in range(8):
         proc = launch("leave")

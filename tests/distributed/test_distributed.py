@@ -67,6 +67,7 @@ def test_ddp_two_processes_follow_the_single_process_curve(tmp_path, single):
     assert_same_curve(ranks(tmp_path), single, 1e-5)  # same global batch of 8: 2 ranks x 4
 
 
+@pytest.mark.exhaustive
 def test_ddp_two_processes_train_alike_with_muon(tmp_path):
     """Muon under DDP: each rank orthogonalises the same averaged gradient of whole matrices."""
     one, two = tmp_path / "one", tmp_path / "two"
@@ -81,11 +82,24 @@ def test_ddp_two_processes_train_alike_with_muon(tmp_path):
     assert single["losses"]["6"] < single["losses"]["1"]
 
 
-def test_zero3_two_processes_train_alike_and_save_full_weights(tmp_path, single):
+ZERO3 = str(ROOT / "ds_configs" / "zero3.json")
+
+
+@pytest.fixture(scope="module")
+def zero3_run(tmp_path_factory) -> Path:
+    """One ZeRO-3 launch of 2 ranks, checkpoints at steps 3 and 6: several tests read it."""
+    out = tmp_path_factory.mktemp("zero3")
     config = ["--config_file", str(CONFIGS / "cpu_2proc.yaml"), "--main_process_port", str(free_port())]
-    finish(launch(*config, out=tmp_path, per_device=4, extra=[str(ROOT / "ds_configs" / "zero3.json")]))
+    finish(launch(*config, out=out, per_device=4, extra=[ZERO3, "3"]))
+    return out
+
+
+def test_zero3_two_processes_train_alike_and_save_full_weights(zero3_run, single):
+    tmp_path = zero3_run
     records = ranks(tmp_path)
     assert_same_curve(records, single, 1e-5)
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
+    assert not (tmp_path / ".saving").exists()  # every rank's shards were in place before the rename
     # save_model under ZeRO-3 wrote the gathered weights (not near-empty shards): they load in one process
     loaded = PretrainForCausalLM.from_pretrained(tmp_path / "model").eval()
     assert sum(p.numel() for p in loaded.parameters()) > 100_000
@@ -95,6 +109,7 @@ def test_zero3_two_processes_train_alike_and_save_full_weights(tmp_path, single)
     assert torch.allclose(logits, torch.tensor(records[0]["logits"]), atol=1e-5, rtol=0)
 
 
+@pytest.mark.exhaustive
 def test_zero3_with_activation_checkpointing_follows_the_same_curve(tmp_path, single):
     """Checkpointed blocks recompute their forward in backward, where ZeRO-3 gathers the partitioned weights a
     second time: the losses and the weights must still be those of one process without checkpointing."""
@@ -106,6 +121,7 @@ def test_zero3_with_activation_checkpointing_follows_the_same_curve(tmp_path, si
     assert_same_curve(records, single, 1e-5)
 
 
+@pytest.mark.exhaustive  # make test: the rehearsal of two_nodes.yaml runs two "nodes" over loopback
 def test_two_nodes_over_loopback(tmp_path, single):
     port = str(free_port())
     common = ["--multi_gpu", "--num_machines", "2", "--num_processes", "2", "--rdzv_backend", "static"]
@@ -156,15 +172,11 @@ def test_the_configs_cover_the_documented_setups():
     }
 
 
-def test_zero3_checkpoints_are_atomic_and_resume_exactly(tmp_path, single):
-    zero3 = str(ROOT / "ds_configs" / "zero3.json")
+@pytest.mark.exhaustive  # make test: the DDP and FSDP2 resumes (tests/distributed/test_multiprocess_resume.py, ...)
+def test_zero3_checkpoints_resume_exactly(tmp_path, zero3_run, single):
+    shutil.copytree(zero3_run / "checkpoint-3", tmp_path / "checkpoint-3")  # as if the job had died after step 5
     config = ["--config_file", str(CONFIGS / "cpu_2proc.yaml"), "--main_process_port", str(free_port())]
-    finish(launch(*config, out=tmp_path, per_device=4, extra=[zero3, "3"]))  # checkpoints at steps 3 and 6
-    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
-    assert not (tmp_path / ".saving").exists()  # every rank's shards were in place before the rename
-    shutil.rmtree(tmp_path / "checkpoint-6")  # as if the job had died after step 5
-    config[-1] = str(free_port())
-    finish(launch(*config, out=tmp_path, per_device=4, extra=[zero3, "3", "resume"]))
+    finish(launch(*config, out=tmp_path, per_device=4, extra=[ZERO3, "3", "resume"]))
     resumed = json.loads((tmp_path / "rank-0-resumed.json").read_text())["losses"]
     assert sorted(resumed) == ["4", "5", "6"]
     assert all(abs(resumed[step] - single["losses"][step]) < 1e-5 for step in resumed)  # the curve goes on exactly

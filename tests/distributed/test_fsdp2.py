@@ -104,6 +104,7 @@ def test_fsdp2_checkpoints_are_sharded_checked_and_resume_exactly(straight, tmp_
     assert resumed == {step: reference[step] for step in resumed}  # bit for bit
 
 
+@pytest.mark.exhaustive  # make test: the DDP killed-rank resume and the FSDP2 resume from a checkpoint above
 def test_fsdp2_killed_rank_resumes_every_loss_exactly(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     result = launch_resume(straight, 6, config=FSDP2)

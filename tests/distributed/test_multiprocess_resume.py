@@ -59,6 +59,7 @@ def test_killed_rank_resumes_every_loss_exactly_across_uneven_epoch_ends(tmp_pat
     assert after == {step: reference[step] for step in after}  # every loss, bit for bit
 
 
+@pytest.mark.exhaustive
 def test_resume_on_one_process_with_the_same_global_batch(tmp_path, straight):
     shutil.copytree(straight / "checkpoint-9", tmp_path / "checkpoint-9")
     result = launch(tmp_path, 12, "resume", processes=1)

@@ -121,10 +121,17 @@ def rehearsal(tmp_path, monkeypatch, config: Path, script: str = "examples/pretr
     return result, {check.name: check for check in result.checks}
 
 
+EXHAUSTIVE = pytest.mark.exhaustive  # make test: one rehearsal (two nodes); the checks' failures are unit-tested above
+
+
 @pytest.mark.parametrize(
     "config",
-    ["cpu_2proc.yaml", "deepspeed_zero3_8gpu.yaml", "two_nodes.yaml", "fsdp2_8gpu.yaml"],
-    ids=["ddp", "zero3", "two_nodes", "fsdp2"],
+    [
+        pytest.param("cpu_2proc.yaml", id="ddp", marks=EXHAUSTIVE),
+        pytest.param("deepspeed_zero3_8gpu.yaml", id="zero3", marks=EXHAUSTIVE),
+        pytest.param("two_nodes.yaml", id="two_nodes"),
+        pytest.param("fsdp2_8gpu.yaml", id="fsdp2", marks=EXHAUSTIVE),
+    ],
 )
 @pytest.mark.slow
 @pytest.mark.distributed
@@ -136,7 +143,7 @@ def test_the_shipped_configs_pass(tmp_path, monkeypatch, config):
         assert "2 ranks on 2 node(s)" in checks["rendezvous"].detail
 
 
-@pytest.mark.slow
+@EXHAUSTIVE
 @pytest.mark.distributed
 def test_zero3_without_16bit_gathering_fails_the_consolidated_save(tmp_path, monkeypatch):
     result, checks = rehearsal(tmp_path, monkeypatch, HERE / "zero3_no_gather.yaml")
@@ -146,7 +153,7 @@ def test_zero3_without_16bit_gathering_fails_the_consolidated_save(tmp_path, mon
     assert checks["resume exactness"].status == "passed"  # the fault is the final save only
 
 
-@pytest.mark.slow
+@EXHAUSTIVE
 @pytest.mark.distributed
 def test_a_loader_giving_every_rank_the_same_samples_fails_sharding(tmp_path, monkeypatch):
     result, checks = rehearsal(
@@ -156,7 +163,7 @@ def test_a_loader_giving_every_rank_the_same_samples_fails_sharding(tmp_path, mo
     assert check.status == "failed" and "read the same data" in check.detail and not result.passed
 
 
-@pytest.mark.slow
+@EXHAUSTIVE
 @pytest.mark.distributed
 def test_a_script_that_does_not_resume_its_data_position_fails_resume(tmp_path, monkeypatch):
     result, checks = rehearsal(

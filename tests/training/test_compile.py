@@ -3,7 +3,7 @@ windows, packed documents and MoE, for the whole model and per block, and under 
 
 The equality tests use Dynamo with the `aot_eager` backend: it runs the traced forward and the AOT-autograd
 backward that Inductor would lower, so a wrong trace (a guard, a dropped side effect, a wrong backward) fails
-here in seconds; Inductor's own code generation is exercised by the slow test (minutes on a shared CPU).
+here in seconds; Inductor's own code generation is exercised per block here and for the whole model in `make test-all`.
 """
 
 import pytest
@@ -59,8 +59,15 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
-@pytest.mark.parametrize("variant", list(VARIANTS))
+EXHAUSTIVE = pytest.mark.exhaustive  # the whole matrix and whole-model Inductor compiles: make test-all
+NO_BREAK_CASES = [
+    pytest.param(variant, packed, id=f"{variant}-{'packed' if packed else 'rows'}", marks=() if packed else EXHAUSTIVE)
+    for variant in VARIANTS
+    for packed in (False, True)
+]
+
+
+@pytest.mark.parametrize("variant, packed", NO_BREAK_CASES)
 def test_forward_has_no_graph_break(variant, packed):
     model = model_for(**VARIANTS[variant])
     prepare_compile(model)
@@ -79,9 +86,8 @@ def test_planning_inside_a_trace_breaks_the_graph_once_then_never():
     assert torch._dynamo.explain(model)(**batch(False)).graph_break_count == 0  # planned: the trace is whole
 
 
-SLOW = pytest.mark.slow  # the whole matrix and whole-model compiles take minutes on a shared CPU
 EQUALITY_CASES = [pytest.param(MOE_WINDOWS, True, "blocks", id="moe-windows-packed-blocks")] + [
-    pytest.param(VARIANTS[v], packed, scope, id=f"{v}-{'packed' if packed else 'rows'}-{scope}", marks=SLOW)
+    pytest.param(VARIANTS[v], packed, scope, id=f"{v}-{'packed' if packed else 'rows'}-{scope}", marks=EXHAUSTIVE)
     for v in VARIANTS
     for packed in (False, True)
     for scope in ("model", "blocks")
@@ -104,7 +110,6 @@ def test_compiled_losses_and_gradients_equal_eager(overrides, packed, scope):
     assert sum(counters["graph_break"].values()) == 0
 
 
-@pytest.mark.slow
 def test_whole_model_compile_does_not_recompile_every_step():
     model = model_for(**MOE_WINDOWS)  # MoE metrics are updated in the forward: a counter must not be a constant
     prepare_compile(model)
@@ -148,7 +153,7 @@ def train_losses(tmp_path, **args) -> tuple[PretrainTrainer, list[float]]:
     return trainer, [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
-@pytest.mark.parametrize("scope", [pytest.param("model", marks=SLOW), "blocks"])
+@pytest.mark.parametrize("scope", [pytest.param("model", marks=EXHAUSTIVE), "blocks"])
 def test_trainer_compiled_run_matches_eager_and_reports_compile_time(tmp_path, scope, capsys):
     _, eager = train_losses(tmp_path / "eager")
     trainer, compiled = train_losses(
@@ -163,8 +168,7 @@ def test_trainer_compiled_run_matches_eager_and_reports_compile_time(tmp_path, s
     assert type(trainer.model.lm_head) is torch.nn.Linear  # the chunked loss keeps its bare head
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("scope", ["model", "blocks"])
+@pytest.mark.parametrize("scope", [pytest.param("model", marks=EXHAUSTIVE), "blocks"])
 def test_inductor_matches_eager_with_windows_packing_and_moe(scope):
     model = model_for(**MOE_WINDOWS)
     inputs = batch(True)

@@ -64,7 +64,7 @@ PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args)
 """
 
 
-@pytest.mark.parametrize("extras", [True, False])
+@pytest.mark.parametrize("extras", [True, pytest.param(False, marks=pytest.mark.exhaustive)])
 def test_a_script_that_never_leaves_its_group_is_left_by_the_trainer_at_exit(tmp_path, extras):
     script = textwrap.dedent(TRAINER_SCRIPT.format(port=free_port(), out=tmp_path, extras=extras))
     proc = subprocess.run(

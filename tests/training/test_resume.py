@@ -64,10 +64,14 @@ def straight(tmp_path_factory):
     return train(tmp_path_factory.mktemp("straight"))[1]
 
 
-def test_ten_plus_ten_equals_twenty_straight(tmp_path, straight):
+def test_ten_plus_ten_equals_twenty_straight(tmp_path, straight, monkeypatch):
     _, first = train(tmp_path, stop_at=10)
     assert sorted(first.losses) == list(range(1, 11))
+    drawn = draws(monkeypatch, ResumableSampler)
     _, second = train(tmp_path, resume=True)  # a new process would do the same: new model, new trainer
+    # fast: the sampler starts at the saved position (epoch 1, 16 samples in), nothing consumed is drawn again
+    assert drawn[:48] == ResumableSampler(64, seed=3).order(1)[16:].tolist()
+    assert 0 <= len(drawn) - 10 * 8 <= 8  # beyond the 80 samples trained: at most the loader's read-ahead
     assert sorted(second.losses) == list(range(11, 21))
     resumed = {**first.losses, **second.losses}
     assert resumed == straight.losses  # identical floats, across two epoch boundaries
@@ -76,6 +80,7 @@ def test_ten_plus_ten_equals_twenty_straight(tmp_path, straight):
     assert state["data"]["epoch"] == 1 and state["data"]["samples_consumed_in_epoch"] == 16
 
 
+@pytest.mark.exhaustive
 def test_muon_resumes_exactly(tmp_path):
     """Muon's momentum and AdamW's moments come back from optimizer.pt: 10 + 10 steps equal 20 straight."""
     straight = train(tmp_path / "straight", optim="muon")[1]
@@ -104,6 +109,7 @@ def draws(monkeypatch, sampler_class):
     return drawn
 
 
+@pytest.mark.exhaustive
 def test_resume_draws_only_the_samples_it_trains_on(tmp_path, straight, monkeypatch):
     train(tmp_path, stop_at=20)
     extra = {}
@@ -123,9 +129,9 @@ def test_resume_draws_only_the_samples_it_trains_on(tmp_path, straight, monkeypa
 
 
 def test_changed_batch_geometry_warns_with_the_fix_and_falls_back_to_batch_skipping(tmp_path, caplog):
-    train(tmp_path, stop_at=10)
+    train(tmp_path, stop_at=2, save_steps=2)
     with caplog.at_level(logging.WARNING, logger="hf_pretrain"):
-        train(tmp_path, resume=True, per_device_train_batch_size=2, gradient_accumulation_steps=4)
+        train(tmp_path, resume=True, max_steps=3, per_device_train_batch_size=2, gradient_accumulation_steps=4)
     assert (
         "samples_per_micro_batch is 2 here but 4 in the checkpoint (for an exact resume: keep per_device_train_batch_size"
         in caplog.text
@@ -159,6 +165,7 @@ def kill_during_save(output_dir, extras) -> Path:
     return staged
 
 
+@pytest.mark.exhaustive
 def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path):
     plain = tmp_path / "plain"
     kill_during_save(plain, extras=False)

@@ -11,7 +11,7 @@ from tests.conftest import quick_args, small_config
 from tests.training.test_resume import Record
 from tests.training.test_trainer import dataset
 
-ROWS, BATCH, STEPS = 64, 4, 40  # 16 steps a pass over the stream: the runs cross two of its epochs
+ROWS, BATCH, STEPS = 32, 4, 20  # 8 steps a pass over the stream: the runs cross two of its epochs
 
 
 def stream(reads: list):
@@ -30,7 +30,7 @@ def train(output_dir, reads, resume=None, stop_at=None):
         per_device_train_batch_size=BATCH,
         learning_rate=3e-3,
         save_strategy="steps",
-        save_steps=6,
+        save_steps=3,
         measure_peak_tflops=False,
         telemetry=False,
         seed=3,
@@ -51,13 +51,13 @@ def test_stream_resumes_exactly_twice_in_a_row_without_rereading(tmp_path):
     straight = train(tmp_path / "straight", [])
     assert sorted(straight) == list(range(1, STEPS + 1))
     out = tmp_path / "run"
-    train(out, [], stop_at=8)  # pre-empted after step 8; the newest checkpoint is 6
-    second = train(out, [], resume=True, stop_at=20)  # from 6, across the stream's first epoch end (step 16)
-    saved = json.loads((out / "checkpoint-18" / "hf_pretrain_state.json").read_text())["stream"]
-    assert saved["micro_batches"] == 18 and saved["state"]["epoch"] == 1  # written by a resumed run: it moved on
+    train(out, [], stop_at=4)  # pre-empted after step 4; the newest checkpoint is 3
+    second = train(out, [], resume=True, stop_at=10)  # from 3, across the stream's first epoch end (step 8)
+    saved = json.loads((out / "checkpoint-9" / "hf_pretrain_state.json").read_text())["stream"]
+    assert saved["micro_batches"] == 9 and saved["state"]["epoch"] == 1  # written by a resumed run: it moved on
     reads = []
-    third = train(out, reads, resume=True)  # from 18: the resumed run's own position
-    assert sorted(second) == list(range(7, 21)) and sorted(third) == list(range(19, STEPS + 1))
+    third = train(out, reads, resume=True)  # from 9: the resumed run's own position
+    assert sorted(second) == list(range(4, 11)) and sorted(third) == list(range(10, STEPS + 1))
     assert second == {s: straight[s] for s in second} and third == {s: straight[s] for s in third}
-    # What was trained before step 18 is not read again (the Trainer's skipping would read 18 x 4 rows more).
-    assert len(reads) <= (STEPS - 18 + 3) * BATCH
+    # What was trained before step 9 is not read again (the Trainer's skipping would read 9 x 4 rows more).
+    assert len(reads) <= (STEPS - 9 + 3) * BATCH

@@ -81,47 +81,40 @@ def test_refuses_silent_single_process_training(tmp_path, monkeypatch):
         PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args, train_dataset=dataset())
 
 
-def test_throughput_after_resume_counts_only_this_session(tmp_path):
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory):
+    """A run that "died" after step 6 (checkpoint-4, logs of steps 1-6, a last log line cut in half), resumed
+    from checkpoint-4 to step 8: the telemetry of both sessions, in one output_dir."""
+    out = tmp_path_factory.mktemp("resumed")
+
     def train(steps, resume=None):
         torch.manual_seed(0)
-        args = quick_args(
-            tmp_path,
-            max_steps=steps,
-            per_device_train_batch_size=8,
-            save_strategy="steps",
-            save_steps=4,
-            measure_peak_tflops=False,
+        args = quick_args(out, max_steps=steps, save_strategy="steps", save_steps=4, measure_peak_tflops=False)
+        PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args, train_dataset=dataset()).train(
+            resume_from_checkpoint=resume
         )
-        trainer = PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args, train_dataset=dataset())
-        trainer.train(resume_from_checkpoint=resume)
-        return trainer
 
-    train(8)
-    typical = [h["tokens_per_second"] for h in training_logs(tmp_path)][1:]
-    (tmp_path / "telemetry.jsonl").unlink()
-    train(8, resume=str(tmp_path / "checkpoint-4"))
-    first_after_resume = next(h for h in training_logs(tmp_path) if h["step"] == 5)
+    train(6)
+    first = {h["step"]: h for h in training_logs(out)}
+    with (out / "telemetry.jsonl").open("a") as stream:
+        stream.write('{"step": 7, "loss": 1.')  # the line a kill cut in half
+    train(8, resume=str(out / "checkpoint-4"))
+    return first, training_logs(out)
+
+
+def test_throughput_after_resume_counts_only_this_session(resumed_run):
+    first, logs = resumed_run
+    typical = [h["tokens_per_second"] for step, h in first.items() if step > 1]
+    first_after_resume = next(h for h in logs if h["step"] == 5)
     # One step's tokens over one step's time, not the 4 restored steps' tokens as well.
     assert first_after_resume["tokens_per_second"] < 3 * max(typical)
     assert first_after_resume["step_time_s"] > 0 and first_after_resume["eta_seconds"] >= 0
 
 
-def test_telemetry_after_a_resume_holds_each_step_once(tmp_path):
-    def train(steps, resume=None):
-        torch.manual_seed(0)
-        args = quick_args(tmp_path, max_steps=steps, save_strategy="steps", save_steps=4, measure_peak_tflops=False)
-        PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args, train_dataset=dataset()).train(
-            resume_from_checkpoint=resume
-        )
-
-    train(6)  # the run that "died" after step 6: checkpoint-4, logs of steps 1-6
-    first = {h["step"]: h["time"] for h in training_logs(tmp_path)}
-    with (tmp_path / "telemetry.jsonl").open("a") as stream:
-        stream.write('{"step": 7, "loss": 1.')  # the line a kill cut in half
-    train(8, resume=str(tmp_path / "checkpoint-4"))
-    logs = training_logs(tmp_path)
+def test_telemetry_after_a_resume_holds_each_step_once(resumed_run):
+    first, logs = resumed_run
     assert [h["step"] for h in logs] == list(range(1, 9))  # 5 and 6 replayed once, no zig-zag
-    assert all(h["time"] == first[h["step"]] for h in logs[:4]) and logs[4]["time"] > first[6]
+    assert all(h["time"] == first[h["step"]]["time"] for h in logs[:4]) and logs[4]["time"] > first[6]["time"]
 
 
 def test_mfu_is_logged_against_the_measured_ceiling_and_left_out_without_a_spec(tmp_path):
@@ -163,20 +156,31 @@ def test_defaults_follow_a_7b_recipe_and_explicit_values_win(tmp_path):
     assert (mine.learning_rate, mine.weight_decay, mine.adam_beta2) == (1e-3, 0.0, 0.95)
 
 
-def test_one_deepspeed_process_without_a_launcher_trains_and_resumes(tmp_path):
+def deepspeed_one_process(tmp_path, steps: int, *extra: str) -> str:
+    """`python -m tests.training.deepspeed_one_process`: DeepSpeed without a launcher; its standard output."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(PYTHONPATH=str(root))
+    command = [sys.executable, "-m", "tests.training.deepspeed_one_process", str(tmp_path), str(steps), *extra]
+    result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"trained to step {steps}" in result.stdout
+    return result.stdout
+
+
+def test_one_deepspeed_process_without_a_launcher_trains(tmp_path):
     from hf_pretrain.training.checkpoint_check import check_checkpoint
 
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    env.update(PYTHONPATH=str(root), OMP_NUM_THREADS="1")
-    for steps, extra in ((3, []), (4, ["resume"])):
-        command = [sys.executable, "-m", "tests.training.deepspeed_one_process", str(tmp_path), str(steps), *extra]
-        result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert f"trained to step {steps}" in result.stdout
-        assert result.stdout.count("{'loss'") == (1 if extra else 3)  # the resume trained step 4 only
+    assert deepspeed_one_process(tmp_path, 3).count("{'loss'") == 3
     assert check_checkpoint(tmp_path / "checkpoint-3", deepspeed=True).ok  # DeepSpeed's own state, checked as such
+
+
+@pytest.mark.exhaustive
+def test_one_deepspeed_process_without_a_launcher_resumes(tmp_path):
+    deepspeed_one_process(tmp_path, 3)
+    assert deepspeed_one_process(tmp_path, 4, "resume").count("{'loss'") == 1  # the resume trained step 4 only
