@@ -17,7 +17,7 @@ import time
 from accelerate.data_loader import SeedableRandomSampler, skip_first_batches
 from torch.utils.data import DataLoader, Dataset
 
-from hf_pretrain.training.sampler import ResumableSampler
+from hf_pretrain.training.resume.sampler import ResumableSampler
 
 
 class Indices(Dataset):

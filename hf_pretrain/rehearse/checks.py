@@ -132,7 +132,7 @@ def data_sharding(run: RunResult, topology: Topology) -> Check:
 
 
 def checkpoint(killed: RunResult, topology: Topology, save_steps: int) -> Check:
-    from ..training.checkpoint_check import check_checkpoint, checkpoints_newest_first
+    from ..training.resume.check import check_checkpoint, checkpoints_newest_first
 
     name = "checkpoint"
     run_dir = killed.log.parent / "run"

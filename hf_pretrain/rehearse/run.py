@@ -108,7 +108,7 @@ def rehearse(request: RehearsalRequest) -> Rehearsal:
     killed = _run(request, topology, "killed", killed_dir, request.kill_at)
     rehearsal.runs += [straight, killed]
     after_kill = [checks.checkpoint(killed, topology, request.save_steps), checks.kill_and_teardown(killed)]
-    from ..training.checkpoint_check import checkpoints_newest_first
+    from ..training.resume.check import checkpoints_newest_first
 
     newest = checkpoints_newest_first(killed_dir)
     resumed, resumed_from = None, None

@@ -34,6 +34,8 @@ import os
 from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType
 
+from .transformers_private import save_weights
+
 
 def fsdp_requested(args) -> bool:
     """FSDP asked for by the arguments (`fsdp=...`) or by an accelerate FSDP launch config."""
@@ -91,4 +93,4 @@ def save_config(trainer, output_dir: str) -> None:
 def save_full_weights(trainer, output_dir: str) -> None:
     """Every rank takes part in the gather; rank 0 writes `model.safetensors` and the config."""
     state_dict = trainer.accelerator.get_state_dict(trainer.model)
-    trainer._save(output_dir, state_dict=state_dict)
+    save_weights(trainer, output_dir, state_dict)

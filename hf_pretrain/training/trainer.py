@@ -14,14 +14,14 @@ differences). It adds, each in its own room:
 - Muon for the hidden matrices with `optim="muon"` (`optimizers.py`), refused under sharding;
 - the loss guard (`loss_guard.py`): NaN/inf updates skipped, spikes logged, skipped, stopped or
   rolled back to the newest checkpoint with a lower learning rate;
-- the data position (`data_position.py`): exact, fast resume of samplers and streams;
-- checkpoints (`checkpointing.py`): checked before a resume, written atomically;
+- resume (`resume/`): exact, fast resume of samplers and streams (`data_position.py`); checkpoints checked
+  before a resume and written atomically (`checkpointing.py`);
 - FSDP2 (`fsdp.py`): on CPU ranks too, and `save_model()` writes the full weights under sharded state dicts;
 - the processes (`processes.py`): a launch that lost its ranks is refused, one DeepSpeed process
   needs no launcher, the process group is left before exit, risky DataLoader workers of a rank are warned of;
 - causal-LM metrics in `evaluate()` (`eval_metrics.py`).
-This file only wires those rooms to the Trainer. Every override of a private `Trainer` method is in
-the last section, written against transformers 5.24.
+This file only wires those rooms to the Trainer's public methods. Every override of a private `Trainer` method
+and every patch of a `transformers.trainer` global is in `transformers_private.py`, the base class.
 """
 
 from __future__ import annotations
@@ -29,18 +29,14 @@ from __future__ import annotations
 import atexit
 import time
 
-from transformers import Trainer
 from transformers.utils import logging
 
 from ..callback import PretrainCallback
 from ..precision import high_precision
 from ..preflight.attention import AttentionReport
-from .checkpointing import Checkpointing
-from .checkpoints import read_run_state
-from .data_position import DataPosition
 from .eval_metrics import is_causal_lm, lm_eval_metrics
 from .fsdp import fsdp_on_cpu, save_config, save_full_weights, sharded_saves
-from .loss_guard import LossGuardCallback, LossSpikeError, guard_optimizer
+from .loss_guard import LossGuardCallback, guard_optimizer
 from .optimizers import build_optimizer, check_optimizer_supported
 from .processes import (
     check_launched_world_size,
@@ -49,8 +45,12 @@ from .processes import (
     wait_for_everyone,
     workers_start_warning,
 )
+from .resume.checkpointing import Checkpointing
+from .resume.data_position import DataPosition
+from .resume.store import read_run_state
 from .schedules import build_schedule
 from .tokens import TokenCounter
+from .transformers_private import TrainerPrivateOverrides, scheduler_created
 from .wiring import (
     attention_preflight_for,
     callbacks_from_arguments,
@@ -62,7 +62,7 @@ from .wiring import (
 logger = logging.get_logger(__name__)
 
 
-class PretrainTrainer(Trainer):
+class PretrainTrainer(TrainerPrivateOverrides):
     def __init__(self, *args, **kwargs):
         arguments = kwargs.get("args", args[1] if len(args) > 1 else None)
         if getattr(arguments, "deepspeed", None) and getattr(arguments, "pretrain_extras", True):
@@ -129,7 +129,7 @@ class PretrainTrainer(Trainer):
                 if guard is None or guard.rollback_from is None:
                     wait_for_everyone(self.accelerator)  # ranks leave train() together (a probe on rank 0 may lag)
                     return output
-                checkpoint = self._rollback_checkpoint(guard.rollback_from)
+                checkpoint = self.checkpointing.rollback_checkpoint(guard.rollback_from)
                 guard.start_rollback(self.args, checkpoint)  # lowers the learning rate, or stops
                 saved = read_run_state(checkpoint)
         finally:  # the callback list is the user's again, as with Trainer
@@ -146,23 +146,6 @@ class PretrainTrainer(Trainer):
             self.add_callback(callback)
         self._attached = callbacks
         self._micro_batch_timers = [c for c in callbacks if c.times_micro_batches]
-
-    def _build_accelerator_args(self, **kwargs) -> dict:  # compile.py: scope 'blocks' compiles in place, not accelerate
-        args = super()._build_accelerator_args(**kwargs)
-        if self.args.torch_compile and getattr(self.args, "torch_compile_scope", "model") == "blocks":
-            from accelerate.utils import TorchDynamoPlugin
-
-            args["dynamo_plugin"] = TorchDynamoPlugin(backend="no")
-        return args
-
-    def _rollback_checkpoint(self, spike_step: int) -> str:
-        try:
-            return self.checkpointing.resolve(True)
-        except ValueError as error:
-            raise LossSpikeError(
-                f"loss spike at step {spike_step} and no checkpoint in {self.args.output_dir} to roll back to: "
-                "save checkpoints (save_strategy='steps', save_steps=N) or use loss_spike_action='skip'."
-            ) from error
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Merge the callbacks' metrics into each training log. Measured values (clocks, sensors) reach the
@@ -213,7 +196,7 @@ class PretrainTrainer(Trainer):
             self.args.lr_scheduler_kwargs,
             tokens_seen=lambda: self.state.num_input_tokens_seen,
         )
-        self._created_lr_scheduler = True
+        scheduler_created(self)
         return self.lr_scheduler
 
     def get_train_dataloader(self):
@@ -243,39 +226,3 @@ class PretrainTrainer(Trainer):
     def predict(self, *args, **kwargs):
         with high_precision(self.model):
             return super().predict(*args, **kwargs)
-
-    # Overrides of private Trainer methods (transformers 5.24): each delegates to its room.
-    def _track_num_input_tokens(self, inputs):  # tokens.py: our count when the arguments do not ask for one
-        if not (self.extras and self.tokens.track(inputs)):
-            super()._track_num_input_tokens(inputs)
-
-    def _get_learning_rate(self):  # loss_guard.py: the logged rate includes a roll-back's scale
-        lr = super()._get_learning_rate()
-        return lr * self.loss_guard.lr_scale if self.loss_guard is not None else lr
-
-    def _save(self, output_dir: str | None = None, state_dict=None):  # precision: plain weights in every save
-        with high_precision(self.model):
-            return super()._save(output_dir, state_dict)
-
-    def _get_train_sampler(self, train_dataset=None):  # data_position.py: a sampler that can start anywhere
-        sampler = super()._get_train_sampler(train_dataset)
-        return self.data_position.sampler_for(sampler) if self.extras else sampler
-
-    def _init_training_state(self, max_steps, num_update_steps_per_epoch, *args, **kwargs):  # data_position.py
-        self.data_position.update_steps_per_epoch = num_update_steps_per_epoch
-        return super()._init_training_state(max_steps, num_update_steps_per_epoch, *args, **kwargs)
-
-    def _run_epoch(self, **kwargs):  # data_position.py: the resumed epoch starts at the saved position
-        return self.data_position.run_epoch(super()._run_epoch, **kwargs)
-
-    def _get_output_dir(self, trial):  # checkpointing.py: the Trainer's save writes into the staging folder
-        return self.checkpointing.staging or super()._get_output_dir(trial)
-
-    def _save_checkpoint(self, model, trial) -> None:  # checkpointing.py: staged, checked, renamed
-        if not self.extras:
-            return super()._save_checkpoint(model, trial)
-        state = self.data_position.state_now(self.state.global_step)
-        if self.loss_guard is not None:
-            state["loss_guard"] = self.loss_guard.state()
-        save = lambda: super(PretrainTrainer, self)._save_checkpoint(model, trial)  # noqa: E731
-        self.checkpointing.save(save, super()._get_output_dir(trial), state)

@@ -11,7 +11,7 @@ from datasets import Dataset
 from hf_pretrain import PretrainForCausalLM, PretrainTrainer
 from hf_pretrain.data import Pack, PackedDocumentCollator
 from hf_pretrain.data.packing import best_fit
-from hf_pretrain.training.sampler import ResumableSampler
+from hf_pretrain.training.resume.sampler import ResumableSampler
 from tests.conftest import quick_args, small_config
 from tests.data.test_data import corpus, tokenizer  # noqa: F401  (fixtures)
 

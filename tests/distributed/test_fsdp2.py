@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hf_pretrain import PretrainForCausalLM, export_hf
-from hf_pretrain.training.checkpoint_check import check_checkpoint
+from hf_pretrain.training.resume.check import check_checkpoint
 from tests.distributed import test_distributed
 from tests.distributed.test_distributed import CONFIGS, assert_same_curve, finish, free_port, launch, ranks
 from tests.distributed.test_multiprocess_resume import launch as launch_resume

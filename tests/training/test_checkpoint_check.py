@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from hf_pretrain.training.checkpoint_check import CheckpointError, check_checkpoint
+from hf_pretrain.training.resume.check import CheckpointError, check_checkpoint
 from tests.training.test_resume import train
 
 

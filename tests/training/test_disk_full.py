@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from hf_pretrain.training import checkpoints
-from hf_pretrain.training.checkpoint_check import check_checkpoint
-from hf_pretrain.training.checkpointing import Checkpointing
-from hf_pretrain.training.checkpoints import disk_full_error, staging_root
+from hf_pretrain.training.resume.check import check_checkpoint
+from hf_pretrain.training.resume.checkpointing import Checkpointing
+from hf_pretrain.training.resume.store import disk_full_error, staging_root
 from tests.training.test_resume import train
 
 

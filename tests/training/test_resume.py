@@ -16,8 +16,8 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
 from hf_pretrain import PretrainForCausalLM, PretrainTrainer
-from hf_pretrain.training.checkpoints import RUN_STATE_NAME
-from hf_pretrain.training.sampler import ResumableSampler
+from hf_pretrain.training.resume.sampler import ResumableSampler
+from hf_pretrain.training.resume.store import RUN_STATE_NAME
 from tests.conftest import quick_args, small_config
 from tests.training.test_trainer import dataset
 
@@ -228,7 +228,7 @@ def test_the_epoch_end_follows_the_checkpointed_run_across_a_change_of_processes
 
     from transformers.trainer_pt_utils import AcceleratorConfig
 
-    from hf_pretrain.training.data_position import DataPosition
+    from hf_pretrain.training.resume.data_position import DataPosition
 
     args = SimpleNamespace(
         world_size=world_size,

@@ -174,7 +174,7 @@ def deepspeed_one_process(tmp_path, steps: int, *extra: str) -> str:
 
 
 def test_one_deepspeed_process_without_a_launcher_trains(tmp_path):
-    from hf_pretrain.training.checkpoint_check import check_checkpoint
+    from hf_pretrain.training.resume.check import check_checkpoint
 
     assert deepspeed_one_process(tmp_path, 3).count("{'loss'") == 3
     assert check_checkpoint(tmp_path / "checkpoint-3", deepspeed=True).ok  # DeepSpeed's own state, checked as such

@@ -1,7 +1,7 @@
 """Where the training data stands, saved with every checkpoint and restored on resume.
 
 Two kinds of data, one record (`hf_pretrain_state.json`, keys `data` and `stream`):
-- a map-style dataset: `ResumableSampler` (training/sampler.py) draws the order the Trainer already
+- a map-style dataset: `ResumableSampler` (`sampler.py`) draws the order the Trainer already
   uses; the position is the sample of the epoch's permutation reached (with the batch geometry and
   the dataset's length, seed and fingerprint to check it against). On resume the sampler starts
   there and the Trainer's batch skipping becomes a no-op. Another geometry or dataset warns and
@@ -15,13 +15,11 @@ built, the epoch about to run and the data loader to build, and asks it for the 
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
-import transformers.trainer as hf_trainer
 from torch.utils.data import RandomSampler
 from transformers.utils import logging
 
+from ..transformers_private import batch_skipping_off
 from .sampler import ResumableSampler
 from .stream_position import EpochAligned, StreamPositions
 
@@ -34,18 +32,6 @@ FIXES = {
     "gradient_accumulation_steps": "keep gradient_accumulation_steps",
     "samples_consumed_in_epoch": "keep the batch geometry of the checkpointed run",
 }
-
-
-@contextlib.contextmanager
-def batch_skipping_off():
-    """The Trainer's batch skipping on resume (`skip_first_batches`, a module global of transformers.trainer in
-    5.24) becomes a no-op: the data already starts at the position."""
-    skip = hf_trainer.skip_first_batches
-    hf_trainer.skip_first_batches = lambda dataloader, num_batches=0: dataloader
-    try:
-        yield
-    finally:
-        hf_trainer.skip_first_batches = skip
 
 
 class DataPosition:

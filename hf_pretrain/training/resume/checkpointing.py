@@ -1,26 +1,29 @@
 """The trainer's checkpoint room: which checkpoint a resume reads, and how a checkpoint is written.
 
 - `resolve(resume_from_checkpoint)`: the checkpoint to resume, checked first
-  (`checkpoint_check.py`): an explicit path must be whole; `True` takes the newest whole one and
+  (`check.py`): an explicit path must be whole; `True` takes the newest whole one and
   says which it skipped and why.
 - `save(...)`: the Trainer's own save, staged under `OUTPUT_DIR/.saving/` and renamed into place
-  once every rank wrote its files (`checkpoints.py`), with `hf_pretrain_state.json` beside it; old
+  once every rank wrote its files (`store.py`), with `hf_pretrain_state.json` beside it; old
   checkpoints are rotated only after the rename; a full disk is named as such.
 - `clear_interrupted()`: what a killed save left in `.saving/` goes at the next start.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 from pathlib import Path
 
-import transformers.trainer as hf_trainer
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import rotate_checkpoints
 from transformers.utils import logging
 
-from .checkpoint_check import CheckpointError, check_checkpoint, checkpoints_newest_first, explain
-from .checkpoints import (
+from ..loss_guard import LossSpikeError
+from ..processes import wait_for_everyone
+from ..transformers_private import rotation_deferred
+from .check import CheckpointError, check_checkpoint, checkpoints_newest_first, explain
+from .store import (
     checkpoint_name,
     clear_staging,
     disk_full_error,
@@ -28,21 +31,8 @@ from .checkpoints import (
     staging_root,
     write_run_state,
 )
-from .processes import wait_for_everyone
 
 logger = logging.get_logger(__name__)
-
-
-@contextlib.contextmanager
-def rotation_deferred():
-    """`Trainer._save_checkpoint` rotates old checkpoints at its end (the module function `rotate_checkpoints` in
-    transformers 5.24); the atomic save rotates itself, after the rename."""
-    rotate = hf_trainer.rotate_checkpoints
-    hf_trainer.rotate_checkpoints = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        hf_trainer.rotate_checkpoints = rotate
 
 
 class Checkpointing:
@@ -102,6 +92,24 @@ class Checkpointing:
         for warning in check.warnings if self.trainer.is_world_process_zero() else ():
             logger.warning(f"{check.path}: {warning}.")
 
+    def rollback_checkpoint(self, spike_step: int) -> str:
+        """The newest whole checkpoint, for the loss guard's roll-back after a spike at `spike_step`."""
+        try:
+            return self.resolve(True)
+        except ValueError as error:
+            raise LossSpikeError(
+                f"loss spike at step {spike_step} and no checkpoint in {self.trainer.args.output_dir} to roll back "
+                "to: save checkpoints (save_strategy='steps', save_steps=N) or use loss_spike_action='skip'."
+            ) from error
+
+    def run_state(self) -> dict:
+        """What `hf_pretrain_state.json` holds beside the Trainer's files: the data position, the loss guard's state."""
+        trainer = self.trainer
+        state = trainer.data_position.state_now(trainer.state.global_step)
+        if trainer.loss_guard is not None:
+            state["loss_guard"] = trainer.loss_guard.state()
+        return state
+
     def save(self, save_checkpoint, run_dir: str, run_state: dict) -> None:
         """`save_checkpoint()` (the Trainer's) staged, then renamed into `run_dir/checkpoint-N`."""
         name = checkpoint_name(self.trainer.state.global_step)
@@ -127,13 +135,13 @@ class Checkpointing:
         if best and best.startswith(staging_root(run_dir)):
             trainer.state.best_model_checkpoint = os.path.join(run_dir, os.path.basename(best))
             if trainer.args.should_save:
-                trainer.state.save_to_json(os.path.join(staged, hf_trainer.TRAINER_STATE_NAME))
+                trainer.state.save_to_json(os.path.join(staged, TRAINER_STATE_NAME))
         if trainer.args.should_save:
             write_run_state(staged, run_state)
         wait_for_everyone(trainer.accelerator)  # every rank's files are in place
         if trainer.args.should_save:
             promote(staged, final)
-            hf_trainer.rotate_checkpoints(
+            rotate_checkpoints(
                 output_dir=run_dir,
                 save_total_limit=trainer.args.save_total_limit,
                 best_model_checkpoint=trainer.state.best_model_checkpoint,
