@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hf_pretrain.training import checkpoints
+from hf_pretrain.training.resume import store
 from hf_pretrain.training.resume.check import check_checkpoint
 from hf_pretrain.training.resume.checkpointing import Checkpointing
 from hf_pretrain.training.resume.store import disk_full_error, staging_root
@@ -53,7 +53,7 @@ def newest_checkpoint(run_dir, size=4096):
 
 def free_bytes(monkeypatch, run_dir, free):
     usage = shutil.disk_usage(run_dir)._replace(free=free)
-    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: usage)
+    monkeypatch.setattr(store.shutil, "disk_usage", lambda path: usage)
 
 
 @pytest.mark.parametrize(
