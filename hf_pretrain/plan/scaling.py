@@ -17,7 +17,7 @@ The fits, each with its source (the numbers below are the papers', not ours):
 
   C is the paper's compute budget M x D: M the *non-embedding* FLOPs per token (6 x the non-embedding matmul
   weights + attention over the causal half of the context), D the training tokens. Here M is
-  `telemetry.flops.flops_per_token` without the LM head (6 x d x V): the same definition. The fits reproduce
+  `modeling.accounting.flops_per_token` without the LM head (6 x d x V): the same definition. The fits reproduce
   the paper's own choices (7B: 2304 x 4096 tokens, 4.2e-4; 67B: 4608 x 4096 tokens, 3.2e-4) within 10 %
   (tests/test_plan.py). They were fitted with a multi-step schedule; the paper reports a wide band of
   near-optimal values around them, so rounding the batch to what the GPUs give costs little.

@@ -33,8 +33,14 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
-from ..telemetry.peaks import fp8_matmul_native
-from .convert import PrecisionReport, convert_torchao, convert_transformer_engine, expert_groups, select_linears
+from .convert import (
+    MIN_FEATURES,
+    PrecisionReport,
+    convert_torchao,
+    convert_transformer_engine,
+    expert_groups,
+    select_linears,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -106,6 +112,19 @@ LOW_PRECISION = tuple(name for name, r in RECIPES.items() if r.converts_linears)
 FP16 = Recipe("fp16", "fp16", "fp16", MIXED)
 
 
+def fp8_matmul_native(device: torch.device | str) -> bool:
+    """Whether `device` has fp8 tensor cores: a CUDA GPU of compute capability >= `ADA` (on ROCm: MI300 and newer)."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= ADA
+
+
+def fp8_dtype() -> torch.dtype:
+    """The e4m3 float8 type of this build: `float8_e4m3fnuz` on ROCm, `float8_e4m3fn` elsewhere."""
+    return torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
+
+
 def get_recipe(name: str, field: str = "precision") -> Recipe:
     """The recipe called `name`; a ValueError naming `field` and the recipes when there is none."""
     if name not in RECIPES:
@@ -142,7 +161,7 @@ def emulated(recipe: str, device: torch.device | str) -> str | None:
     device = torch.device(device)
     spec_key = get_recipe(recipe).spec_key
     if spec_key == "fp8" and not fp8_matmul_native(device):
-        where = "a CPU" if device.type != "cuda" else "this GPU (compute capability < 8.9)"
+        where = "a CPU" if device.type != "cuda" else f"this GPU (compute capability < {ADA[0]}.{ADA[1]})"
         return f"{where} has no fp8 tensor cores: torchao casts to fp8 and back and multiplies in a wider type"
     if spec_key == "bf16":
         if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
@@ -169,7 +188,7 @@ def apply_precision(
     model: nn.Module,
     recipe: str,
     scaling: str | None = None,
-    min_features: int = 64,
+    min_features: int = MIN_FEATURES,
     keep_first_last_blocks: bool = False,
     device: torch.device | str | None = None,
 ) -> PrecisionReport:

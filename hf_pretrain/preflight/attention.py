@@ -4,7 +4,7 @@ The failure this exists for: FlashAttention is missing, the run falls back to SD
 become dense masks, and a week runs at a fraction of the chip's speed while the one warning
 scrolled past at step 0. `attention_preflight` prices every layer type's kernel against the best
 kernel this hardware could run (`modeling.attention.best_backend`) with the FLOPs model of
-`telemetry.flops` (a dense kernel does T keys per query, an exact window kernel
+`modeling.accounting` (a dense kernel does T keys per query, an exact window kernel
 mean(min(i + 1, W))), so the cost is stated in step time, not only in attention. A 512 window at
 2048 context on a dense mask does ~4.6x the attention work of an exact window kernel.
 

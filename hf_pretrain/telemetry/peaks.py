@@ -12,7 +12,7 @@ FP8: the ceiling of an fp8 recipe is measured with fp8 GEMMs (`torch._scaled_mm`
 bf16 output, unit scales: the kernel torchao's float8 linears call), which run about twice as fast
 as bf16 ones; a bf16 ceiling would let an fp8 run's MFU pass 1.0. Only chips with fp8 tensor
 cores have such a GEMM (CUDA compute capability >= 8.9: Ada, Hopper, Blackwell): anywhere else
-(`fp8_matmul_native` is False: a CPU, an A100) fp8 is emulated by up-casting, there is no fp8
+(`precision.recipes.fp8_matmul_native` is False: a CPU, an A100) fp8 is emulated by up-casting, there is no fp8
 ceiling to measure, and `ceiling_dtype` returns None (no `mfu_measured` for that run). FP4 has no
 plain matmul in PyTorch (its GEMMs need block scales): no measured ceiling either.
 """
@@ -24,18 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-def fp8_matmul_native(device: torch.device | str) -> bool:
-    """Whether `device` has fp8 tensor cores: a CUDA GPU of compute capability >= 8.9 (on ROCm: MI300 and newer)."""
-    device = torch.device(device)
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
-
-
-def fp8_dtype() -> torch.dtype:
-    """The e4m3 float8 type of this build: `float8_e4m3fnuz` on ROCm, `float8_e4m3fn` elsewhere."""
-    return torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
+from ..precision.recipes import fp8_dtype, fp8_matmul_native
 
 
 def ceiling_dtype(precision: str, device: torch.device | str) -> torch.dtype | None:

@@ -124,7 +124,8 @@ def test_cuda_events_time_the_device_not_the_enqueue():
 @gpu
 @pytest.mark.gpu
 def test_fp8_ceiling_is_measured_with_scaled_mm_on_fp8_tensor_cores():
-    from hf_pretrain.telemetry.peaks import ceiling_dtype, fp8_matmul_native, measure_matmul_tflops
+    from hf_pretrain.precision.recipes import fp8_matmul_native
+    from hf_pretrain.telemetry.peaks import ceiling_dtype, measure_matmul_tflops
 
     if not fp8_matmul_native("cuda"):
         pytest.skip("this GPU has no fp8 tensor cores (compute capability < 8.9)")
