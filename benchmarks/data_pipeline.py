@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from hf_pretrain.data import embedded_documents
-from hf_pretrain.data.pipeline import PipelineConfig, run_pipeline
+from hf_pretrain.data.pipeline import run_pipeline
+from hf_pretrain.data.pipeline_config import PipelineConfig
 
 
 def generate(path: Path, megabytes: float, seed: int = 0) -> int:

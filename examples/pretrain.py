@@ -29,7 +29,8 @@ from transformers import HfArgumentParser, PreTrainedTokenizerBase, set_seed
 from hf_pretrain import PretrainConfig, PretrainForCausalLM, PretrainingArguments, PretrainTrainer, get_preset
 from hf_pretrain.data import PackedDocumentCollator, write_embedded_corpus
 from hf_pretrain.data.packing import check_seq_len
-from hf_pretrain.data.pipeline import Pipeline, PipelineConfig, load_packed, tokenizer_path
+from hf_pretrain.data.pipeline import Pipeline, load_packed, tokenizer_path
+from hf_pretrain.data.pipeline_config import PipelineConfig
 from hf_pretrain.data.read import list_files
 from hf_pretrain.data.split import check_fraction
 from hf_pretrain.data.tokenizer import check_vocab_size

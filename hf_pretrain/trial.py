@@ -85,7 +85,8 @@ def prepare_trial_data(config, out_dir: Path, seq_len: int) -> tuple[Path, int]:
     from transformers import AutoTokenizer
 
     from .data.corpus import write_embedded_corpus
-    from .data.pipeline import PipelineConfig, packed_path, run_pipeline, tokenizer_path
+    from .data.pipeline import packed_path, run_pipeline, tokenizer_path
+    from .data.pipeline_config import PipelineConfig
 
     data_dir = out_dir / "data"
     corpus = write_embedded_corpus(data_dir / "corpus")

@@ -52,8 +52,8 @@ import pyarrow.compute as pc
 from datasets import Dataset, IterableDataset
 
 from .blocks import DROP, FIRST, Block
-from .quality import BULLETS, ELLIPSES, LINE_PUNCT, STOP_WORDS, quality_reason  # noqa: F401  (re-exported)
-from .text_rules import (  # noqa: F401  (re-exported: the rewrites as they were here)
+from .quality import QualityThresholds, quality_reason
+from .text_rules import (
     normalize_unicode,
     normalize_whitespace,
     remove_emails,
@@ -75,8 +75,9 @@ COUNT_COLUMNS = {name: f"_clean_{name}" for name in COUNTERS}  # per-row counts,
 
 
 @dataclass
-class CleanConfig:
-    """Every rule of the clean block; None (or False) turns a rule off. Sources in the module docstring."""
+class CleanConfig(QualityThresholds):
+    """Every rule of the clean block (the quality thresholds are `QualityThresholds`'); None (or False) turns a
+    rule off. Sources in the module docstring."""
 
     max_bytes: int | None = 10_000_000  # larger documents dropped as "too_large" before any work
     remove_html: bool = True  # script/style blocks, comments, HTML element tags; then &entities;
@@ -87,16 +88,6 @@ class CleanConfig:
     min_tokens: int | None = 32  # shorter documents (and split pieces) dropped as "too_short"
     max_tokens: int | None = 2048  # longer documents split or dropped as "too_long"
     long_documents: str = "split"  # "split" at paragraph/line/word boundaries, or "drop"
-    max_duplicate_line_fraction: float | None = 0.30  # Gopher
-    max_duplicate_line_char_fraction: float | None = 0.20  # Gopher
-    max_symbol_word_ratio: float | None = 0.10  # Gopher: '#' or ellipses per word
-    max_bullet_line_fraction: float | None = 0.90  # Gopher
-    max_ellipsis_line_fraction: float | None = 0.30  # Gopher
-    min_alpha_word_fraction: float | None = 0.80  # Gopher
-    min_mean_word_length: float | None = 3.0  # Gopher
-    max_mean_word_length: float | None = 10.0  # Gopher
-    min_stop_words: int | None = None  # Gopher 2; off: English only
-    min_line_punct_fraction: float | None = None  # FineWeb 0.12; off: drops code and tables
 
     def __post_init__(self):
         if self.normalize_unicode not in UNICODE_FORMS:

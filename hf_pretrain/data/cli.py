@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from .blocks import BlockStats, from_pretrained
-from .pipeline import check_section, settable_keys
+from .pipeline_config import check_section, settable_keys
 from .read import ReadFiles
 from .workers import children_die_with_parent
 
@@ -151,7 +151,8 @@ def pack(argv: list[str]) -> list[BlockStats]:
 
 
 def prepare(argv: list[str]) -> list[BlockStats]:
-    from .pipeline import PipelineConfig, run_pipeline
+    from .pipeline import run_pipeline
+    from .pipeline_config import PipelineConfig
 
     parser = argparse.ArgumentParser(prog="hf-pretrain data prepare", description="Run the whole chain from a config.")
     parser.add_argument("config", help="a JSON file with PipelineConfig fields (see docs/data.md)")

@@ -44,28 +44,18 @@ import pyarrow as pa
 from datasets import Dataset, IterableDataset
 
 from .blocks import DROP, Block, BlockStats, shard
-from .lsh import (  # noqa: F401  (re-exported: the LSH math's names as they were here)
-    SIMILARITIES,
+from .lsh import (
     _Signatures,
-    band_keys,
-    candidate_pairs,
-    candidate_probability,
-    estimated_jaccard,
     format_s_curve,
     lsh_params,
     near_duplicate_roots,
     s_curve_table,
-    union_find_roots,
 )
-from .minhash import (  # noqa: F401  (re-exported: the hashing names as they were here)
-    PRIME,
+from .minhash import (
     _join,
     _signatures_of_words,
     content_hashes,
     first_occurrences,
-    minhash_signatures,
-    permutations,
-    shingle_hashes,
     split_words,
 )
 from .workers import children_die_with_parent

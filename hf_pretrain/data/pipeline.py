@@ -38,7 +38,7 @@ from pathlib import Path
 from datasets import Dataset, DatasetDict, load_from_disk
 
 from .blocks import BlockStats, from_pretrained
-from .pipeline_config import PipelineConfig, check_section, settable_keys  # noqa: F401  (re-exported)
+from .pipeline_config import PipelineConfig
 from .read import ReadFiles, list_files
 from .split import own_heldout, split_by_hash
 from .workers import children_die_with_parent

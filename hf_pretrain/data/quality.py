@@ -4,7 +4,8 @@ The rules run on the non-blank lines and on the words (whitespace-separated toke
 digit or `_`: punctuation tokens do not count, as in datatrove); the first rule a document fails
 is its drop reason. Gopher = Rae et al. 2021, "Scaling Language Models: Methods, Analysis &
 Insights from Training Gopher", section A.1.1 and table A1; FineWeb = Penedo et al. 2024,
-datatrove's `FineWebQualityFilter`. Thresholds are `CleanConfig` fields (None turns a rule off):
+datatrove's `FineWebQualityFilter`. Thresholds are `QualityThresholds` fields, which `CleanConfig` has
+(None turns a rule off):
 
 - `duplicate_lines`: > 0.30 of the lines repeat an earlier line (Gopher 0.30);
 - `duplicate_line_chars`: > 0.20 of the characters are in such lines (Gopher 0.20); lines without
@@ -26,10 +27,7 @@ from __future__ import annotations
 
 import re
 import string
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .clean import CleanConfig
+from dataclasses import dataclass
 
 STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})  # Gopher's list
 BULLETS = ("•", "-", "*", "‣", "◦", "●", "–", "·")
@@ -37,6 +35,22 @@ ELLIPSES = ("...", "…")
 LINE_PUNCT = (".", "!", "?", '"', "'")  # FineWeb's stop characters
 _HAS_ALPHA = re.compile(r"[^\W\d_]")  # a letter
 _HAS_WORD_CHAR = re.compile(r"\w")
+
+
+@dataclass
+class QualityThresholds:
+    """The thresholds of the quality rules (module docstring); `CleanConfig` derives from it."""
+
+    max_duplicate_line_fraction: float | None = 0.30  # Gopher
+    max_duplicate_line_char_fraction: float | None = 0.20  # Gopher
+    max_symbol_word_ratio: float | None = 0.10  # Gopher: '#' or ellipses per word
+    max_bullet_line_fraction: float | None = 0.90  # Gopher
+    max_ellipsis_line_fraction: float | None = 0.30  # Gopher
+    min_alpha_word_fraction: float | None = 0.80  # Gopher
+    min_mean_word_length: float | None = 3.0  # Gopher
+    max_mean_word_length: float | None = 10.0  # Gopher
+    min_stop_words: int | None = None  # Gopher 2; off: English only
+    min_line_punct_fraction: float | None = None  # FineWeb 0.12; off: drops code and tables
 
 
 def _duplicates(lines: list[str]) -> tuple[int, int]:
@@ -57,7 +71,7 @@ def _mean_word_length(words: list[str]) -> float:
     return sum(lengths) / len(lengths) if lengths else 0.0
 
 
-def quality_reason(text: str, config: CleanConfig) -> str:
+def quality_reason(text: str, config: QualityThresholds) -> str:
     """The first quality rule `text` fails (module docstring order), or "" when it passes them all.
 
     Lines are the non-blank lines; words the whitespace-separated tokens with a letter, digit or `_`

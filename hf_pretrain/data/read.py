@@ -62,10 +62,9 @@ import pyarrow.parquet as pq
 from datasets import Dataset, DatasetDict, IterableDataset, load_dataset, load_from_disk
 
 from .blocks import Block, check_rank, check_text_column, shard_range
-from .records import (  # noqa: F401  (ID_FIELDS, own_id, parse_line, ... re-exported: they were here)
+from .records import (
     BOM,
     COMPRESSIONS,
-    DOC_ID,
     ID_FIELDS,
     LINE_SUFFIXES,
     MAX_BYTES,
@@ -77,11 +76,7 @@ from .records import (  # noqa: F401  (ID_FIELDS, own_id, parse_line, ... re-exp
     file_kind,
     line_features,
     open_lines,
-    own_id,
-    parse_line,
     read_lines,
-    text_reason,
-    unified_features,
     unpack_fields,
 )
 

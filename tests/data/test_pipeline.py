@@ -182,7 +182,8 @@ def test_a_heldout_split_too_small_for_one_block_is_left_unpacked_with_the_reaso
     """The input's own `validation` split is the held-out one (not re-split by hash); too short for a block."""
     from datasets import Dataset, DatasetDict
 
-    from hf_pretrain.data.pipeline import PipelineConfig, run_pipeline
+    from hf_pretrain.data.pipeline import run_pipeline
+    from hf_pretrain.data.pipeline_config import PipelineConfig
 
     train = Dataset.from_dict({"text": embedded_documents()[:80], "id": [f"t{i}" for i in range(80)]})
     held = Dataset.from_dict({"text": ["a short held-out text"], "id": ["h0"]})
