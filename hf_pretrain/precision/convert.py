@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+MIN_FEATURES = 64  # narrower linears stay in high precision (`precision_min_features`)
+
 
 @dataclass
 class LinearDecision:
@@ -87,7 +89,7 @@ def _block_index(name: str) -> int | None:
 
 
 def select_linears(
-    model: nn.Module, min_features: int = 64, keep_first_last_blocks: bool = False, divisible_by: int = 16
+    model: nn.Module, min_features: int = MIN_FEATURES, keep_first_last_blocks: bool = False, divisible_by: int = 16
 ) -> list[LinearDecision]:
     """A decision for every `nn.Linear` of the model: convert, or keep and why."""
     blocks = [i for n, _ in model.named_modules() if (i := _block_index(n + ".")) is not None]

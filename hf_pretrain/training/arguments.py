@@ -8,7 +8,7 @@ the same command line a transformers user already writes. Differences:
   real tokens.
 - `attn_fallback` (`warn` | `error` | `ignore`): what the attention preflight does when a layer type
   runs on a slower kernel than the hardware allows (see `hf_pretrain.preflight.attention`).
-- `peak_tflops` / `measure_peak_tflops`: the denominators of MFU (see `hf_pretrain.telemetry`).
+- `peak_tflops` / `measure_peak_tflops`: the denominators of MFU (see `hf_pretrain.telemetry.throughput`).
 - `precision` (+ `precision_scaling`, `precision_min_features`, `precision_keep_first_last`): a
   recipe of `hf_pretrain.precision` (fp32, bf16, fp8, te-fp8, te-mxfp8, te-nvfp4); it sets
   `bf16` itself, so accelerate's mixed precision follows.
@@ -16,7 +16,7 @@ the same command line a transformers user already writes. Differences:
   used and the only buffers (RoPE frequencies) are constant, so both would cost a step-time sync.
 - `lr_scheduler_type` also takes hf_pretrain's `cosine_restarts` and `wsd` (see `schedules.py`),
   configured through `lr_scheduler_kwargs` like transformers' own.
-- Optimizer and schedule defaults follow a common 7B pretraining recipe (`RECIPE_DEFAULTS`):
+- Optimizer and schedule defaults follow a common 7B pretraining run (`PRETRAIN_OPTIMIZER_DEFAULTS`):
   peak learning rate 3e-4, warmup 0.8 % of the steps, cosine to 10 % of the peak
   (`cosine_restarts` without restarts), AdamW beta2 0.95, eps 1e-8, weight decay 0.1, gradient
   clipping 1.0. Any of them given explicitly wins; with `pretrain_extras=False` the unset ones take
@@ -42,6 +42,7 @@ from transformers import TrainingArguments
 
 from ..callback import PretrainCallback
 from ..evaluation.generation_probe import GenerationProbeCallback
+from ..precision.convert import MIN_FEATURES
 from ..telemetry.hardware import HardwareSensorsCallback
 from ..telemetry.straggler import StragglerCallback
 from ..telemetry.throughput import ThroughputCallback
@@ -58,8 +59,8 @@ def accelerator_available() -> bool:
     return torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
 
 
-# A common 7B recipe (Llama 2 style; eps and clipping equal transformers' defaults).
-RECIPE_DEFAULTS = {
+# Optimizer and schedule defaults of a common 7B pretraining run (Llama 2 style; eps and clipping: transformers').
+PRETRAIN_OPTIMIZER_DEFAULTS = {
     "learning_rate": 3e-4,
     "warmup_steps": 0.008,
     "lr_scheduler_type": "cosine_restarts",
@@ -117,13 +118,15 @@ class PretrainingArguments(TrainingArguments):
     precision_scaling: str | None = field(
         default=None, metadata={"help": "fp8: tensorwise (default) or rowwise; te-fp8: current (default) or delayed."}
     )
-    precision_min_features: int = field(default=64, metadata={"help": "Convert only linears at least this wide."})
+    precision_min_features: int = field(
+        default=MIN_FEATURES, metadata={"help": "Convert only linears at least this wide."}
+    )
     precision_keep_first_last: bool = field(
         default=False, metadata={"help": "Keep the first and last decoder blocks in high precision."}
     )
     learning_rate: float | None = field(
         default=None,
-        metadata={"help": "Peak learning rate. Default 3e-4 (7B recipe); transformers' 5e-5 without extras."},
+        metadata={"help": "Peak learning rate. Default 3e-4 (7B pretraining); transformers' 5e-5 without extras."},
     )
     warmup_steps: float | None = field(
         default=None,
@@ -132,10 +135,10 @@ class PretrainingArguments(TrainingArguments):
         },
     )
     weight_decay: float | None = field(
-        default=None, metadata={"help": "AdamW weight decay. Default 0.1 (7B recipe); 0 without extras."}
+        default=None, metadata={"help": "AdamW weight decay. Default 0.1 (7B pretraining); 0 without extras."}
     )
     adam_beta2: float | None = field(
-        default=None, metadata={"help": "AdamW beta2. Default 0.95 (7B recipe); 0.999 without extras."}
+        default=None, metadata={"help": "AdamW beta2. Default 0.95 (7B pretraining); 0.999 without extras."}
     )
     lr_scheduler_type: str | None = field(
         default=None,
@@ -265,7 +268,7 @@ class PretrainingArguments(TrainingArguments):
             # Autocast around the low-precision linears: bf16 on a GPU; on a CPU fp8 is emulated around fp32.
             self.bf16 = recipe.autocast == "bf16" and (recipe.autocast_on_cpu or accelerator_available())
             self.fp16 = False
-        defaults = RECIPE_DEFAULTS if self.pretrain_extras else TRANSFORMERS_DEFAULTS
+        defaults = PRETRAIN_OPTIMIZER_DEFAULTS if self.pretrain_extras else TRANSFORMERS_DEFAULTS
         for name, value in defaults.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
