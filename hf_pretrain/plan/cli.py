@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import re
 
+from .hardware import PLANNED_RECIPES
 from .output import table, write_plan
-from .planner import DEFAULT_MARGIN, RECIPES, PlanRequest, make_plan
+from .planner import DEFAULT_MARGIN, PlanRequest, make_plan
 
 SUFFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
@@ -45,7 +46,7 @@ def cli(argv: list[str]) -> int:
     model.add_argument("--window-pattern", default="L", help="e.g. SSSL (sliding-window layers), default L (none)")
     model.add_argument("--sliding-window", type=int, default=None, help="window of S layers, in tokens")
     run = parser.add_argument_group("run")
-    run.add_argument("--precision", choices=RECIPES, default=None, help="default: the trial's pick, else bf16")
+    run.add_argument("--precision", choices=PLANNED_RECIPES, default=None, help="default: the trial's pick, else bf16")
     run.add_argument("--sharding", choices=("deepspeed", "fsdp2"), default="deepspeed", help="when DDP does not fit")
     run.add_argument("--schedule", choices=("cosine_restarts", "wsd"), default="cosine_restarts")
     run.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="memory kept free, fraction of the device")

@@ -6,7 +6,7 @@
 - MFU: `--mfu`; else measured by `hf-pretrain trial` (`--trial trial.json`: the MFU against spec of the
   recommended recipe, or of `--precision`; a trial measures its own model on one GPU, so it is a guide to the
   planned run, not a measurement of it); else `MFU_ASSUMPTIONS`, recorded runs of shared/FIELD-NOTES.md
-  recomputed with telemetry/flops.py. A chip with no recorded figure gets no made-up MFU: the plan asks for one.
+  recomputed with modeling/accounting.py. A chip with no recorded figure gets no made-up MFU: the plan asks for one.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from pathlib import Path
 
 from ..chips import device_memory_bytes, known_chips, match, spec_tflops
 from ..distributed.memory import GiB
-from ..precision.recipes import RECIPES as ALL_RECIPES
+from ..precision.recipes import RECIPES
 
 # The recipes a plan can run: those training in bf16 autocast (the recorded MFUs below are bf16 runs'; fp32 is
 # not planned).
-RECIPES = tuple(name for name, recipe in ALL_RECIPES.items() if recipe.autocast == "bf16")
+PLANNED_RECIPES = tuple(name for name, recipe in RECIPES.items() if recipe.autocast == "bf16")
 # MFU against the spec bf16 peak that recorded runs reached (shared/FIELD-NOTES.md), with FLOPs counted by
 # modeling/accounting.py. Keys are matched against device names by `chips.match` (most specific first).
 MFU_ASSUMPTIONS: dict[str, tuple[float, str]] = {
@@ -95,9 +95,9 @@ def resolve_hardware(request) -> Hardware:
         trial_row = _trial_row(request.trial, request.precision)
         recipe = trial_row["recipe"]
     recipe = recipe or "bf16"
-    if recipe not in RECIPES:
+    if recipe not in PLANNED_RECIPES:
         raise PlanRefused(f"--trial recommends {recipe!r}, which the planner does not plan; pass --precision bf16.")
-    peak_precision = ALL_RECIPES[recipe].spec_key
+    peak_precision = RECIPES[recipe].spec_key
     peak = request.peak_tflops or spec_tflops(request.device, peak_precision)
     if peak is None:
         raise PlanRefused(

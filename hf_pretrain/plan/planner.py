@@ -29,7 +29,7 @@ from ..distributed.memory import GiB, MemoryEstimate, estimate_memory
 from ..modeling.accounting import count_parameters, flops_per_token
 from ..modeling.configuration import PretrainConfig
 from . import scaling
-from .hardware import RECIPES, Hardware, PlanRefused, resolve_hardware
+from .hardware import PLANNED_RECIPES, Hardware, PlanRefused, resolve_hardware
 
 DEFAULT_MARGIN = 0.15
 MAX_MICRO_BATCH = 64
@@ -96,8 +96,8 @@ class PlanRequest:
             raise ValueError(f"--mfu={self.mfu!r} must be a fraction in (0, 1], e.g. 0.4.")
         if not 0 <= self.margin < 1:
             raise ValueError(f"--margin={self.margin!r} must be a fraction in [0, 1), e.g. 0.15.")
-        if self.precision is not None and self.precision not in RECIPES:
-            raise ValueError(f"--precision={self.precision!r} is not planned; use one of {list(RECIPES)}.")
+        if self.precision is not None and self.precision not in PLANNED_RECIPES:
+            raise ValueError(f"--precision={self.precision!r} is not planned; use one of {list(PLANNED_RECIPES)}.")
         if self.sharding not in ("deepspeed", "fsdp2"):
             raise ValueError(f"--sharding={self.sharding!r} is invalid; use deepspeed or fsdp2.")
         if "S" in self.window_pattern and self.sliding_window is None:

@@ -7,7 +7,7 @@ import pytest
 from hf_pretrain import PretrainingArguments
 from hf_pretrain.distributed.memory import PRECISIONS, estimate_memory
 from hf_pretrain.modeling.accounting import count_parameters
-from hf_pretrain.plan.hardware import RECIPES as PLANNED
+from hf_pretrain.plan.hardware import PLANNED_RECIPES
 from hf_pretrain.precision import RECIPES, get_recipe
 from hf_pretrain.precision.recipes import LOW_PRECISION
 from hf_pretrain.presets import get_preset
@@ -45,7 +45,7 @@ def test_plain_arguments_without_a_recipe_use_the_autocast_flags():
 
 def test_the_planner_and_the_estimator_take_their_lists_from_the_registry():
     assert (
-        PLANNED
+        PLANNED_RECIPES
         == tuple(n for n, r in RECIPES.items() if r.autocast == "bf16")
         == tuple(n for n in RECIPES if n != "fp32")
     )
