@@ -1,17 +1,29 @@
-"""Imports run one way: applications (cli, trial, plan, rehearse) sit above the floors they read, and no module
-imports back up through the package root (`hf_pretrain/__init__.py`)."""
+"""Imports run one way: each part of the package sits on a declared floor and imports only its own part or lower
+floors (applications at the top), no module imports back up through the package root (`hf_pretrain/__init__.py`),
+and no module imports one that imports it back. transformers' private surface is touched in one module only."""
 
 import ast
+import functools
+import importlib.util
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_pretrain"
-APPLICATIONS = (
-    "hf_pretrain.cli",
-    "hf_pretrain.estimate_memory",
-    "hf_pretrain.trial",
-    "hf_pretrain.plan",
-    "hf_pretrain.rehearse",
+ROOT = PACKAGE.parent
+# The floors, lowest first: a module imports from its own part (`hf_pretrain.<part>`) or from a lower floor.
+FLOORS = (
+    ("chips", "callback"),  # facts and protocols
+    ("modeling",),
+    ("presets", "precision", "data"),
+    ("telemetry", "evaluation", "preflight"),
+    ("distributed", "report"),
+    ("training",),
+    ("estimate_memory", "plan", "trial", "rehearse"),  # applications: nothing below imports them
+    ("cli",),
 )
+FLOOR = {part: level for level, parts in enumerate(FLOORS) for part in parts}
+PRIVATE_HOME = PACKAGE / "training" / "transformers_private.py"
+PATCHERS = ("setattr", "delattr", "patched")
 
 
 def module_name(path: Path) -> str:
@@ -41,23 +53,171 @@ def imports_of(path: Path) -> set[str]:
     return {t for t in found if t == "hf_pretrain" or t.startswith("hf_pretrain.")}
 
 
-def is_application(name: str) -> bool:
-    return any(name == app or name.startswith(app + ".") for app in APPLICATIONS)
+@functools.cache
+def import_graph() -> dict[str, set[str]]:
+    return {module_name(path): imports_of(path) for path in PACKAGE.rglob("*.py")}
+
+
+def part(name: str) -> str:
+    return name.split(".")[1]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """`module -> target` for every import that runs sideways or up the floors."""
+    return [
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        if name != "hf_pretrain"
+        for target in targets
+        if target != "hf_pretrain" and part(target) != part(name) and FLOOR[part(target)] >= FLOOR[part(name)]
+    ]
+
+
+def test_every_part_has_a_floor():
+    parts = {part(name) for name in import_graph() if name != "hf_pretrain"}
+    assert parts - FLOOR.keys() == set(), "declare the floor of each new part in FLOORS"
 
 
 def test_nothing_imports_back_up():
-    root, upward = [], []
-    for path in PACKAGE.rglob("*.py"):
-        name = module_name(path)
-        if name == "hf_pretrain":
-            continue
-        targets = imports_of(path)
-        if "hf_pretrain" in targets:
-            root.append(name)
-        if not is_application(name):
-            upward += [f"{name} -> {t}" for t in targets if is_application(t)]
+    graph = import_graph()
+    root = [name for name, targets in graph.items() if name != "hf_pretrain" and "hf_pretrain" in targets]
     assert root == [], f"import the module you need, not the package root: {root}"
-    assert upward == [], f"the floors import an application: {upward}"
+    assert upward_imports(graph) == [], "an import runs sideways or up the floors (FLOORS)"
+
+
+def test_the_floor_check_can_fail():
+    assert upward_imports({"hf_pretrain.precision.recipes": {"hf_pretrain.telemetry.peaks"}}) == [
+        "hf_pretrain.precision.recipes -> hf_pretrain.telemetry.peaks"
+    ]
+    assert upward_imports({"hf_pretrain.data.read": {"hf_pretrain.precision.recipes"}})  # sideways
+    assert upward_imports({"hf_pretrain.training.wiring": {"hf_pretrain.plan.planner"}})  # an application
+    assert not upward_imports({"hf_pretrain.telemetry.throughput": {"hf_pretrain.precision.recipes"}})
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules of each import cycle (strongly connected components of more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles():
+    # a package's __init__ importing its own modules is no cycle: only module -> module edges count
+    graph = {
+        name: {t for t in targets if not (PACKAGE.parent / t.replace(".", "/") / "__init__.py").exists()}
+        for name, targets in import_graph().items()
+    }
+    assert cycles(graph) == []
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]  # the check can fail
+
+
+# transformers' private surface: one module (training/transformers_private.py) overrides private Trainer
+# methods, touches its private attributes and patches transformers.trainer's globals.
+def trainer_private_names() -> set[str]:
+    """`Trainer`'s private methods and attributes, read off transformers' source (importing it takes seconds)."""
+    (folder,) = importlib.util.find_spec("transformers").submodule_search_locations  # imports nothing
+    source = (Path(folder) / "trainer.py").read_text()
+    (trainer,) = (node for node in ast.parse(source).body if isinstance(node, ast.ClassDef) and node.name == "Trainer")
+    methods = {node.name for node in trainer.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    attributes = set(re.findall(r"self\.(_[a-z]\w*)\s*=", source))
+    return {name for name in methods | attributes if name.startswith("_") and not name.startswith("__")}
+
+
+def _is_trainer_module(node: ast.AST, aliases: set[str]) -> bool:
+    """`node` names the module transformers.trainer (an alias of it, or `transformers.trainer`)."""
+    if isinstance(node, ast.Name):
+        return node.id in aliases
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "trainer"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "transformers"
+    )
+
+
+def private_surface_uses(source: str, private: set[str]) -> list[str]:
+    """Where `source` patches a transformers.trainer global, defines a private Trainer method in a Trainer class
+    or reads / writes a private Trainer attribute (`self._x` of a class that is no Trainer is its own)."""
+    tree = ast.parse(source)
+    aliases = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        for alias in getattr(node, "names", ())
+        if (isinstance(node, ast.Import) and alias.name == "transformers.trainer" and alias.asname)
+        or (isinstance(node, ast.ImportFrom) and node.module == "transformers" and alias.name == "trainer")
+    }
+    uses = []
+
+    def visit(node: ast.AST, in_trainer: bool) -> None:
+        if isinstance(node, ast.ClassDef):
+            in_trainer = any("Trainer" in ast.unparse(base) for base in node.bases)
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and in_trainer and item.name in private:
+                    uses.append(f"line {item.lineno}: overrides Trainer.{item.name}")
+        targets = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+        for target in targets:
+            if isinstance(target, ast.Attribute) and _is_trainer_module(target.value, aliases):
+                uses.append(f"line {node.lineno}: assigns transformers.trainer.{target.attr}")
+        function = node.func if isinstance(node, ast.Call) else None
+        patching = getattr(function, "id", getattr(function, "attr", None)) in PATCHERS
+        if patching and node.args and _is_trainer_module(node.args[0], aliases):
+            uses.append(f"line {node.lineno}: patches transformers.trainer")
+        if isinstance(node, ast.Attribute) and node.attr in private:
+            own = isinstance(node.value, ast.Name) and node.value.id == "self" and not in_trainer
+            if not own:
+                uses.append(f"line {node.lineno}: {ast.unparse(node)}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_trainer)
+
+    visit(tree, False)
+    return uses
+
+
+def test_transformers_private_surface_has_one_home():
+    private = trainer_private_names()
+    found = {}
+    for folder in ("hf_pretrain", "examples", "benchmarks"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path != PRIVATE_HOME and (uses := private_surface_uses(path.read_text(), private)):
+                found[str(path.relative_to(ROOT))] = uses
+    assert found == {}, "move it into training/transformers_private.py"
+
+
+def test_the_private_surface_check_can_fail():
+    private = trainer_private_names()
+    assert "_save" in private and "_created_lr_scheduler" in private
+    patch = "import transformers.trainer as hf_trainer\nhf_trainer.skip_first_batches = None\n"
+    assert private_surface_uses(patch, private) == ["line 2: assigns transformers.trainer.skip_first_batches"]
+    assert private_surface_uses("import transformers\nsetattr(transformers.trainer, 'x', 1)\n", private)
+    override = "class T(PretrainTrainer):\n    def _run_epoch(self, **kw):\n        return super()._run_epoch(**kw)\n"
+    assert len(private_surface_uses(override, private)) == 2  # the override, and its call of the private method
+    assert private_surface_uses("def f(trainer):\n    trainer._save('x')\n", private) == ["line 2: trainer._save"]
+    own = "class Store:\n    def _save(self):\n        return self._save\n"
+    assert private_surface_uses(own, private) == []
 
 
 def test_the_check_sees_relative_imports(tmp_path):
