@@ -1,43 +1,16 @@
 """The "clean" block: strip markup and junk from documents, normalise the text, drop bad documents.
 
-Rules, in the order they run (the first rule a document fails is its one drop reason):
+Rules, in the order they run (the first rule a document fails is its one drop reason): `not_text` / `empty`;
+`too_large` (over `max_bytes`, checked before any regex, so a 50 MB document never stalls a worker); the rewrites
+of `text_rules.py` (HTML, Unicode normal form, URLs, e-mail addresses, whitespace: they never drop); `too_short`
+(under `min_tokens`); the quality rules of `quality.py` (Gopher, FineWeb); `too_long` with
+`long_documents="drop"`, else the document is split at paragraph, line or word breaks into pieces of at most
+`max_tokens` (no word lost; pieces under `min_tokens` dropped as `too_short`). Every rule is a `CleanConfig`
+field; None (or False) switches it off. Tokens are whitespace-separated words unless a `tokenizer` is given.
 
-1. `not_text`: the text is None or not a string (a number, a list), as the reader counts it;
-   `empty`: the text is only whitespace (also after the rewrites).
-2. `too_large`: more than `max_bytes` UTF-8 bytes (default 10 MB), checked before any regex, so a
-   50 MB document never stalls a worker.
-3. Rewrites (`text_rules.py`), which never drop on their own: HTML, Unicode normal form (NFKC),
-   URLs, e-mail addresses, whitespace.
-4. `too_short`: fewer than `min_tokens` tokens (default 32; Gopher: 50 words).
-5. Quality rules (`quality.py`): Gopher's `duplicate_lines`, `duplicate_line_chars`,
-   `symbol_ratio`, `bullet_lines`, `ellipsis_lines`, `alpha_words`, `word_length`, and, off by
-   default, `stop_words` and FineWeb's `line_punct`.
-6. `too_long`: more than `max_tokens` tokens (default 2048) with `long_documents="drop"`. With the
-   default "split", the document is cut at paragraph breaks (at line breaks, then between words, for
-   a paragraph or line too long on its own) into pieces of similar size of at most `max_tokens`
-   tokens, no word lost; pieces under `min_tokens` are then dropped as `too_short` (and, with a
-   tokenizer, a single word longer than `max_tokens` as `too_long`).
-
-Every rule is a `CleanConfig` field: a bool or None switches a rewrite off, None disables a rule.
-Tokens are whitespace-separated words unless the block is given a `tokenizer` (any callable taking
-a list of texts and returning their `input_ids`, e.g. a transformers tokenizer; special tokens are
-not counted where it takes `add_special_tokens`).
-
-Measured on the embedded corpus (`embedded_documents()` with Python 3.11: 426 documents of pydoc
-topics and stdlib docstrings, much of it code, grammar and tables) with the defaults: 410 kept
-(96.2 %); dropped: too_short 6 (headings with a line of text, 19-29 words), duplicate_line_chars 6
-(docstrings repeated by inheriting classes, e.g. "Base class for arithmetic errors." 12 times),
-alpha_words 3 (doctest sessions, lists of numbers), symbol_ratio 1 (a doctest with `...` prompts);
-none split; 9 URLs removed, no e-mail address, HTML tag or entity; whitespace normalisation
-rewrites 366 documents (double spaces after full stops, aligned columns). Each quality rule alone
-drops: duplicate_lines 0, duplicate_line_chars 6, symbol_ratio 2, bullet_lines 0, ellipsis_lines
-0, alpha_words 4 (1 at 0.70), word_length 0, stop_words 2, line_punct 58.
-
-Counters in `stats.extra`: `urls_removed`, `emails_removed`, `html_tags_removed` (a script, style or
-comment block counts one), `html_entities_unescaped`, `split_documents` (documents cut into more
-than one piece) and `tokens_out`. They are summed over the rows that come out of the block (each
-document's counts ride on its first kept piece, in helper columns), so they are exact with worker
-processes and on streams; a dropped document's removals are not counted: its text is gone.
+Counters in `stats.extra` (`urls_removed`, `emails_removed`, `html_tags_removed`, `html_entities_unescaped`,
+`split_documents`, `tokens_out`) ride on each document's first kept piece in helper columns and are summed after
+the map, so they are exact with worker processes and on streams. Defaults and what they drop: docs/data.md.
 """
 
 from __future__ import annotations
@@ -77,7 +50,7 @@ COUNT_COLUMNS = {name: f"_clean_{name}" for name in COUNTERS}  # per-row counts,
 @dataclass
 class CleanConfig(QualityThresholds):
     """Every rule of the clean block (the quality thresholds are `QualityThresholds`'); None (or False) turns a
-    rule off. Sources in the module docstring."""
+    rule off. Sources: `quality.py`, docs/data.md."""
 
     max_bytes: int | None = 10_000_000  # larger documents dropped as "too_large" before any work
     remove_html: bool = True  # script/style blocks, comments, HTML element tags; then &entities;

@@ -1,52 +1,18 @@
 """Read documents from files into `datasets`, keeping every field and counting every line that cannot be a document.
 
-Inputs: JSON Lines (`.jsonl`, `.json` one object per line), plain text (`.txt`, `.md`: one
-document per line, as `datasets`' text loader), either compressed (`.gz`, `.bz2`, `.xz` from the
-standard library, `.zst` with `zstandard`: `records.open_lines`), Parquet, Arrow files, and
-`save_to_disk` folders; a path may be a file or a folder of files of one kind.
+Inputs: JSON Lines, plain text (one document per line), either compressed (`.gz`, `.bz2`, `.xz`, `.zst`:
+`records.open_lines`), Parquet, Arrow files and `save_to_disk` folders; a path is a file or a folder of files of
+one kind. Out: the text column, every other field as a column (types unified over the whole input, JSON where
+they cannot be), and `doc_id` (the record's own id, else where it was read: `part-0.jsonl:17`).
 
-What comes out: the text column, every other field as a column, and `doc_id`.
+A bad line or row never crashes the read: it becomes a dropped row with its reason (`invalid_utf8`,
+`malformed_json`, `missing_text`, `not_text`, `empty`, `too_large`, `corrupt_compression`), counted in
+`ReadFiles.stats` like any block's drops; when nothing at all can be read, `run` raises one ValueError naming the
+files, the drops and the fix. Line files are split between ranks by file and between `num_proc` workers; typed
+inputs by contiguous rows. The output is cached by `datasets` under the paths, sizes and modification times.
 
-- Fields: every field of a JSON record becomes a column (objects become structs, arrays lists),
-  as the columns of a Parquet or Arrow input stay columns; a field missing from a record is null
-  there. Arrow holds one type per column, so the types of a field are unified over the whole
-  input (an integer and a float give a float, null goes with anything, objects merge their keys);
-  a field whose values cannot be unified (a number here, a string there) is kept as JSON
-  (`datasets.Json`: Python objects again on access). Every later block keeps every column.
-- `doc_id` (a string) says where a document came from: the record's own `doc_id`, else its `id`
-  (as text), else where it was read: `part-0.jsonl:17` (line 17, counted from 1) or
-  `part-0.parquet[16]` (row 16, counted from 0; `saved[16]` for a `save_to_disk` folder), the file
-  named relative to the input folder. `Pack` keeps the `doc_ids` of every block it packs.
-
-A bad line or row never crashes the read: it becomes a dropped row with its reason, counted in
-`ReadFiles.stats` like any block's drops:
-
-- `invalid_utf8`   the line's bytes are not UTF-8 (counted and skipped, never decoded with
-                   replacement characters that the tokenizer would learn);
-- `malformed_json` the line is not a JSON object;
-- `missing_text`   the object has no `text_column` field;
-- `not_text`       the text is not a string (a number, a list, null; in Parquet, Arrow and
-                   `save_to_disk` inputs as in JSON Lines);
-- `empty`          the text is empty or only whitespace;
-- `too_large`      the line (the text, for typed inputs) is over `max_bytes` (default 10 MB; a
-                   document of tens of MB is almost always a dump, a table or a base64 blob);
-- `corrupt_compression` a compressed file's stream broke (cut short, damaged, not that format):
-                   one row for the rest of the file, which cannot be read (`name:after N`).
-
-A UTF-8 byte order mark at the start of a line (files written by Windows tools, or several such
-files joined with `cat`) is not part of the line. When nothing at all can be read (a folder with
-no input file, empty or blank files, every line bad), `run` raises one ValueError, "No document
-could be read from ...", that names the files, what was dropped and the fix.
-
-Line files are split between ranks by file (`rank`, `world_size`: every machine reads its own
-files) and between `num_proc` worker processes; typed inputs are split by contiguous rows. The
-output is cached by `datasets` under a key made of the paths, sizes and modification times, so a
-re-read of unchanged files is free.
-
-Written by hand: `datasets.load_dataset("json")` stops at the first malformed line, has no
-per-line error counts and fails on records whose fields differ between blocks of the file; the
-per-line work here is one `json.loads`, and the fields are turned into columns after the read,
-with the types unified over every record (one more `json.loads` of the non-text fields).
+Written by hand: `datasets.load_dataset("json")` stops at the first malformed line, has no per-line error counts
+and fails on records whose fields differ between blocks of the file. Every rule, with examples: docs/data.md.
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@
 `Manager` server process for progress, all forked from the main process. When the main process is
 killed with SIGKILL (`kill -9`, the OOM killer), nothing tells them: a pool worker blocks for ever
 reading the task pipe, whose write end it holds itself (inherited through fork), so it never sees
-end-of-file, and the manager waits for requests. Seen: `kill -9` of `hf-pretrain data prepare` with
-`num_proc=1` left two processes (860 MB) blocked on a pipe, for good.
+end-of-file, and the manager waits for requests (docs/known-failure-modes.md).
 
 `children_die_with_parent()`, a context manager and decorator (re-entrant), arms a fork hook
 (`os.register_at_fork`): a process forked from the main thread while it is armed asks the kernel

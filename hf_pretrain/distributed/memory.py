@@ -1,101 +1,17 @@
-"""Per-GPU training memory of a `PretrainConfig` under ZeRO 0-3: model states, activations, loss, headroom.
+"""Per-GPU training memory of a `PretrainConfig` under DDP, ZeRO 1-3 and FSDP2: model states, activations, loss.
 
 `estimate_memory(config, zero, gpus, precision, seq_len, micro_batch, ...)` returns a `MemoryEstimate` in
 bytes per GPU; `format_estimate` (`memory_format.py`) prints it as one screen; `hf-pretrain estimate-memory`
-(`hf_pretrain/estimate_memory.py`, an application) is its command line.
-Every number is a formula of the config (no model is built), so it prices a 7B on a laptop.
-
-Model states (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
-Models", section 3.1 and figure 1), Psi = parameters, N = `gpus`; the bytes are each recipe's
-`bytes_per_parameter` (precision/recipes.py), parameter counts `modeling/accounting.py`'s:
-
-| precision | weights | gradients | optimizer states (Adam) |
-|---|---|---|---|
-| `bf16` / `fp16` (mixed) | 2 Psi | 2 Psi | 12 Psi: fp32 master weights, m, v |
-| `fp8`, `te-*` (torchao, TE) | 2 Psi | 2 Psi | 12 Psi: bf16 weights cast to fp8 / fp4 per matmul: priced as bf16 |
-| `fp32` | 4 Psi | 4 Psi | 8 Psi: m, v |
-
-ZeRO-1 divides the optimizer states by N, ZeRO-2 also the gradients, ZeRO-3 also the weights. DeepSpeed's
-ZeRO-1/2/3 optimizers also build, at each step, the fp32 gradients of this rank's partition for Adam to read
-(`single_partition_of_fp32_groups[i].grad` in stages 1-2, `fp32_partitioned_groups_flat[i].grad` in stage 3),
-and free them after the step: `gradient_partition_fp32` = 4 Psi / N in the mixed precisions (fp32 training has
-fp32 gradients already; ZeRO-0 here is DDP). With it the partitioned states are DeepSpeed's own 18 bytes per
-parameter of `estimate_zero2_model_states_mem_needs` (2 Psi + 18 Psi / N, matched exactly). Stage 3 also keeps
-its 16-bit gradient partition (`grad_partitions_flat_buffer`) while the fp32 one exists, so its step holds
-2 + 2 + 4 + 4 + 8 = 20 bytes per partition parameter; `estimate_zero3_model_states_mem_needs` counts 18 and
-leaves that buffer out. Both figures were read off a real 2-process ZeRO-3 run, every live tensor counted
-(tests/distributed/test_memory.py): 16.0 bytes per partition parameter after backward, 20.0 inside
-the optimizer step. The fp32 gradients live during the step, the activations during forward and backward:
-`total` takes the larger of the two, not their sum. ZeRO-3 must
-still hold one unit (a decoder layer, or the vocabulary matrix when that is larger) gathered in full while it
-computes, with that unit's gradient before it is reduce-scattered: `zero3_gathered` = (weight + gradient
-bytes) x the largest unit, the "largest layer" term of DeepSpeed's own `estimate_zero3_model_states_mem_needs`.
-`offload=True` (ZeRO >= 1; DeepSpeed `offload_optimizer`, and with ZeRO-3 `offload_param`) moves the
-optimizer states to host memory, adds the fp32 gradient partition CPU Adam reads there (4 Psi / N), and with
-ZeRO-3 also moves the weights partition; `cpu_bytes` is what one rank needs on the host, the same
-2 + 4 + 12 = 18 bytes per parameter as DeepSpeed's estimator.
-
-FSDP2 (`fsdp2=True`, with `zero=3`; `--fsdp2`). PyTorch's `fully_shard` shards the same three things as
-ZeRO-3, with its own layout: the sharded parameter *is* the fp32 master (accelerate upcasts the weights
-to fp32 under `mixed_precision` and casts the gathered unit to bf16 through `MixedPrecisionPolicy`), its
-gradient shard has the parameter's dtype, and AdamW reads both directly. So every precision holds
-4 + 4 + 8 = 16 bytes per parameter / N, before backward, after it and inside the step: no separate 16-bit
-partition (ZeRO-3: 2 + 2 + 12 after backward) and no fp32 gradient partition built for the step
-(ZeRO-3's 4 B, 20 bytes in all). While a unit computes, its weights and unsharded gradient are held in
-the compute dtype (2 + 2 bytes in bf16, 4 + 4 in fp32) x the largest unit (accelerate's units: a decoder
-layer, the embedding, the final norm + LM head). Both measured in a real 2-process FSDP2 run, every live
-tensor counted (tests/distributed/test_memory_fsdp2.py). Under FSDP2 the LM head is an FSDP unit, which
-the chunked loss does not read around (`modeling/model.py`): the full logits are priced. Not modelled:
-FSDP2's CPU offload (`offload_policy`), its prefetch of the next unit's all-gather (one more unit's
-weights at times) and the padding of each shard to a multiple of N rows.
-
-Activations. Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
-section 4) count s*b*h*(34 + 5*a*s/h) bytes per GPT layer in 16-bit: 34 s*b*h for the tensors saved for
-backward (11 attention + 19 MLP + 4 LayerNorm, dropout masks included) and 5*a*s^2*b for the score matrix, its
-softmax and dropout; a kernel that never materialises the scores (FlashAttention, SDPA's flash/efficient
-kernels) leaves 34 s*b*h. This model is not GPT, so the count here is what *its* autograd graph saves, per
-token and per layer, with e = 2 bytes per activation element in 16-bit (4 in fp32), q = heads x head_dim,
-k = kv_heads x head_dim, I = intermediate_size:
-
-- each RMSNorm (two per layer): its input upcast to fp32 (4h; in fp32 the input itself), the normalised
-  tensor (e*h) and the output the next matmuls read (e*h), plus the fp32 inverse RMS (4);
-- attention with a flash kernel: rotated q, rotated k, v (e*(q + 2k)), the output o_proj reads (e*q,
-  the same storage the kernel saves) and the fp32 log-sum-exp (4 per head). RoPE's cos/sin do not require
-  grad, so q and k before rotation are not kept; GQA runs natively (`enable_gqa`), so k and v are not
-  repeated. Without a flash kernel (eager, or SDPA's math path) k and v are repeated to q's heads
-  (e*4q) and the softmax is kept in fp32 plus its cast to e (a*s*(4 + e), or a*s*4 in fp32);
-- SwiGLU MLP: gate output, its SiLU, up output and their product (4*e*I).
-
-That is (8 + 4e)h + e(2q + 2k) + 4eI + 8 + 4a bytes per token per layer with flash attention: for
-llama2-7b in bf16 (k = q = h, I = 2.6875 h) 45.5 h + 8 + 4a bytes, 1.34 x Korthikanti's 34 h, the difference
-being the fp32 RMSNorm upcasts and the separate normalised tensors (+12 h), and SwiGLU's four I-wide tensors.
-The final RMSNorm adds one norm's worth, RoPE's cos/sin 2*s*head_dim*e bytes. With full activation
-checkpointing each layer keeps only its input (e*h per token) and one layer's working set is recomputed at a
-time (Korthikanti et al. section 4.1): L x e*h + one layer. Selective (`checkpointing=k`, transformers'
-`every_n_layers`): the checkpointed layers' inputs, the largest one of them rebuilt, the others' full sets.
-These peaks are checked against the tensors autograd saves on a CPU (tests/training/test_activation_checkpointing.py,
-within 1 %; docs/memory.md).
-
-The loss. The LM head's logits are upcast to fp32 and the cross-entropy saves fp32 log-probabilities; at the
-start of backward the log-probs, their gradient and the logits' gradient are alive at once: `logits` =
-12 x s x b x V bytes, whatever the precision (V = 32000 at 8K x 1 is 3.1 GB).
-
-`total` is the sum of the above (the step's fp32 gradient partition counted only where it exceeds the
-activations, which are gone by then), the steady state of a step in which gradient buffers stay allocated during
-forward and backward (DDP buckets, DeepSpeed's partitions, gradient accumulation). A single process that frees
-the gradients after every step (`zero_grad(set_to_none=True)`, no accumulation) peaks lower, by up to the
-gradients.
-
-What it leaves out: the CUDA context and kernels' modules (about 0.5-1 GB per GPU, not a tensor), allocator
-fragmentation and its cached blocks (5-15 % in long runs), temporary buffers of collectives (NCCL) and
-DeepSpeed's buckets (`reduce_bucket_size`, `allgather_bucket_size`, `stage3_prefetch_bucket_size`,
-`stage3_max_live_parameters` can hold far more than one unit), DDP's gradient buckets when they are not views
-of the gradients (`gradient_as_bucket_view=False` doubles the gradients), kernels' workspaces (cuBLAS, cuDNN,
-FlashAttention), a foreach (not fused) optimizer's temporaries (up to one more fp32 copy of the parameters),
-torchao's transient fp8 copies, the dense s x s mask eager attention builds (alive during forward), the
-Trainer's plain autocast path (`bf16=True` without DeepSpeed keeps fp32 weights and gradients: 4 + 4 + 8
-bytes per parameter, the same 16 in total, plus autocast's bf16 weight cache and fp32 residual stream), and
-pipeline or tensor parallelism (not modelled: every GPU holds all layers).
+(`hf_pretrain/estimate_memory.py`, an application) is its command line. Every number is a formula of the
+config (no model is built), so it prices a 7B on a laptop:
+- model states: each recipe's `bytes_per_parameter` (precision/recipes.py) times the parameters
+  (`modeling/accounting.py`), divided over the GPUs as ZeRO or FSDP2 shard them (Rajbhandari et al. 2020),
+  plus DeepSpeed's fp32 gradient partition inside the step and the one unit ZeRO-3 / FSDP2 gather in full;
+- activations: what this model's autograd graph saves per token and layer (Korthikanti et al. 2022 count a
+  GPT layer; this one has RMSNorm, RoPE, GQA, SwiGLU), with full or every-k-th-layer checkpointing;
+- the loss: the fp32 logits, log-probabilities and their gradients, or one chunk of them (the chunked loss).
+`total` adds the larger of (activations + loss + gathered unit) and the step's fp32 gradient partition (never
+alive together). The formulas, their derivation, the real runs that checked them, what is left out: docs/memory.md.
 """
 
 from __future__ import annotations
@@ -118,7 +34,7 @@ PRECISIONS = tuple(BYTES_PER_PARAMETER)
 
 @dataclass
 class MemoryEstimate:
-    """Bytes per GPU (and per rank on the host) of one training step; see the module docstring for formulas."""
+    """Bytes per GPU (and per rank on the host) of one training step; the formulas are in docs/memory.md."""
 
     model: str
     num_parameters: int
@@ -137,14 +53,14 @@ class MemoryEstimate:
     logits: int
     zero3_gathered: int
     cpu_bytes: int
-    gradient_partition_fp32: int = 0  # DeepSpeed ZeRO >= 1, mixed precision: 4 B x Psi / N (module docstring)
+    gradient_partition_fp32: int = 0  # DeepSpeed ZeRO >= 1, mixed precision: 4 B x Psi / N (docs/memory.md)
     num_layers: int = 0
     layer_bytes_per_token: int = 0  # what one decoder layer saves per token (the activations' unit)
     device: str | None = None
     device_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
     chunked_loss: bool = True  # the loss from the hidden states in chunks (modeling/loss.py), no full logits
-    fsdp2: bool = False  # FSDP2 (fully_shard) rather than DeepSpeed ZeRO-3 (module docstring)
+    fsdp2: bool = False  # FSDP2 (fully_shard) rather than DeepSpeed ZeRO-3 (docs/memory.md)
 
     @property
     def model_states(self) -> int:
@@ -192,7 +108,7 @@ def _norm_bytes_per_token(h: int, e: int) -> int:
 def layer_activation_bytes_per_token(
     config, seq_len: int, precision: str = "bf16", flash_attention: bool = True, kind: str = "dense"
 ):
-    """Bytes one decoder layer saves for backward, per token (see the module docstring). An MoE layer saves
+    """Bytes one decoder layer saves for backward, per token (docs/memory.md, "Activations"). An MoE layer saves
     the SwiGLU intermediates of its k experts per token plus the fp32 router logits (dispatch indices and
     gathered copies of the tokens are left out: approximate)."""
     e = BYTES_PER_PARAMETER[precision][3]
@@ -275,7 +191,7 @@ def estimate_memory(
     model: str | None = None,
     fsdp2: bool = False,
 ) -> MemoryEstimate:
-    """Per-GPU bytes of training `config` with ZeRO stage `zero` over `gpus` GPUs (module docstring: formulas).
+    """Per-GPU bytes of training `config` with ZeRO stage `zero` over `gpus` GPUs (formulas: docs/memory.md).
 
     `seq_len` defaults to the config's `max_position_embeddings`. `device` names a GPU of the chip table
     (`hf_pretrain/chips.py`: e.g. "H100", "A100-40GB", or `torch.cuda.get_device_name()`); `device_memory_gb`

@@ -1,45 +1,19 @@
 """`GenerationProbeCallback`: greedy completions of fixed prompts every N steps, with exact-match scoring.
 
-Loss curves say little about what a model from scratch can do; a few fixed prompts completed at
-regular steps show it (`If 5x + 3 = 13, then x is` -> ` 2`). Every `every_n_steps` optimizer
-steps (and at the last step, `global_step == max_steps`, with `at_end=True`) the callback, at
-`on_step_end`:
-- runs greedy `model.generate` (`do_sample=False`, `max_new_tokens`) on each prompt alone (no
-  padding), in eval mode, without gradients, under `hf_pretrain.precision.high_precision` (plain
-  linears, as evaluation), then restores the model's train mode;
-- prints, on rank 0, one line per prompt:
-  `[probe] step 200: 'If 5x + 3 = 13, then x is' -> ' 2. The'  [exact match: yes, expected '2']`;
-- scores prompts given as `(prompt, expected_answer)` pairs by `exact_match` (rule below);
-- asks the Trainer to log at that step (`control.should_log = True` on every rank: the decision is
-  the step number, so all ranks take the same logging path and its collectives), and hands the
-  results to `PretrainTrainer.log` through `metrics_for_log`, which merges them into that step's
-  log: they reach the console, `OUTPUT_DIR/telemetry.jsonl` (`JsonlCallback` writes strings as
-  they are) and every `report_to` integration. Plain `transformers.Trainer` does not call
-  `metrics_for_log`: there the probe only prints.
+Loss curves say little about what a model from scratch can do; a few fixed prompts completed at regular steps
+show it (`If 5x + 3 = 13, then x is` -> ` 2`). Every `every_n_steps` optimizer steps (and at the last step with
+`at_end=True`), at `on_step_end`, it runs greedy `model.generate` on each prompt alone, in eval mode, without
+gradients, under `high_precision`, prints one line per prompt on rank 0, scores `(prompt, expected_answer)`
+pairs with `exact_match` (the completion's first line, case and surrounding punctuation ignored, starts with the
+expected words), and asks the Trainer to log at that step on every rank (the decision is the step number, so all
+ranks take the same collectives). With DDP only rank 0 generates, on the unwrapped model (no collective, no
+deadlock); under FSDP or ZeRO-3 every rank generates in lockstep (`synced_gpus=True`). Plain `Trainer` does not
+call `metrics_for_log`: there the probe only prints.
 
-Exact-match rule (`exact_match`): the completion is stripped and cut at its first line break;
-that line and the expected answer are lower-cased and split on whitespace; punctuation `.,;:!?`
-and quotes/brackets are stripped from both ends of every word, and words left empty are dropped.
-The completion matches when its first k words equal the expected answer's k words. So expected
-`2` matches ` 2.`, `(2)`, `: 2`, `2 and so on`, `2\nNext`, but not `20`, `two`, `x = 2`, `1\n2`
-or an empty completion; expected `x = 2` matches ` X = 2.` but not ` x =`.
-
-Several processes: with DDP (or one process) only rank 0 generates, on the unwrapped model the
-callback receives (`Trainer.model`, not the DDP wrapper), so the generation issues no collective
-and cannot deadlock; the other ranks wait for rank 0 in the first collective after it (the loss
-gather of the step's log), so the probe's time shows in that interval's `step_time_s`. Under
-FSDP or DeepSpeed ZeRO-3 the parameters are sharded and every forward gathers them, so rank 0
-cannot run the model alone: there every rank generates, in lockstep (`synced_gpus=True`), and
-only rank 0 prints and logs. Generation runs in the parameters' dtype (fp32 master weights under
-mixed precision).
-
-Logs (at the probe's step, rank 0; other ranks log nothing of it):
-- `probe_0` ... `probe_{n-1}` (text): the completion of each prompt, in the order given
-  (left out with `log_completions=False`, e.g. for trackers that reject text: TensorBoard drops
-  them with a warning);
-- `probe_exact_match` (numeric): the fraction of prompts with an expected answer whose completion
-  matches; only when at least one prompt has an expected answer.
-`history` keeps every probe's results (step, prompt, completion, expected, match) in memory.
+Logs (at the probe's step, rank 0):
+- `probe_0` ... `probe_{n-1}` (text): the completion of each prompt (left out with `log_completions=False`);
+- `probe_exact_match`: the fraction of prompts with an expected answer whose completion matches.
+`history` keeps every probe's results in memory. Examples of the matching rule: docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -89,7 +63,9 @@ def normalize_answer(completion: str) -> str:
 
 
 def exact_match(completion: str, expected: str) -> bool:
-    """Whether a completion gives `expected` first (the rule in the module docstring)."""
+    """Whether a completion gives `expected` first: its first line, lower-cased, split on whitespace, punctuation
+    `.,;:!?` and quotes / brackets stripped from both ends of each word (empty words dropped), starts with the
+    expected answer's words treated alike. Expected `2` matches ` 2.`, `(2)`, `2 and so on`, not `20` or `x = 2`."""
     want = _answer_words(expected)
     got = _words(normalize_answer(completion))[: len(want)]
     return got == want

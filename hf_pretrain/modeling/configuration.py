@@ -1,46 +1,17 @@
-"""`PretrainConfig`: a `LlamaConfig` with per-layer sliding windows.
+"""`PretrainConfig`: a `LlamaConfig` with per-layer sliding windows, optional mixture of experts and the chunked loss.
 
-The config is a strict subclass of `transformers.LlamaConfig`, so every Llama field keeps its
-meaning and a checkpoint of a model without windows loads with plain `LlamaForCausalLM`. It adds:
-
-- `window_pattern`: a string of `S` (sliding window) and `L` (full attention) tiled over the layers,
-  nanochat style (`"SSSL"` = three windowed layers then one full). The last layer is always full so
-  the final representation sees the whole context. `"L"` means no windows.
-- `sliding_window`: the window size in tokens for `S` layers. A query at position i sees keys j with
-  i - sliding_window < j <= i (the window includes the query itself), the convention of
-  transformers' masking utilities and of Mistral/Ministral checkpoints.
-- `layer_types`: derived from the two above (`"sliding_attention"` / `"full_attention"` per layer),
-  the field transformers' mask builders and `DynamicCache` read. It is never set by hand.
-
-- `attention_backend`: `"auto"` (default: per layer type, the fastest kernel installed here that
-  can do what the layer needs, see `attention.py`) or one of `flash_attention_3`,
-  `flash_attention_2`, `flex_attention`, `sdpa`, `eager` for every layer. Passing transformers'
-  `attn_implementation=` to `from_pretrained`/`from_config` sets it too.
-
-`tie_word_embeddings` defaults to False (untied input and output embeddings).
-
-- `chunked_loss` (default True): training forwards with labels compute the LM head and the
-  cross-entropy chunk by chunk from the hidden states, never holding the [tokens, vocab] logits or
-  their gradient (`loss.py`, docs/model.md); their output's `logits` is None. Evaluation, forwards
-  without labels and `skip_logits=False` return logits as before. False computes the full logits
-  in training too (transformers' path).
-
-Mixture of experts (`num_experts > 0`; 0, the default, is the dense model, unchanged), see `moe.py`
-and docs/moe.md:
-
-- `num_experts`: routed SwiGLU experts per MoE layer; `num_experts_per_tok`: top-k (default 2).
-- which layers are MoE, the others keep the dense SwiGLU MLP: `moe_every=k` makes layer i MoE when
-  (i + 1) % k == 0 (1: every layer, 2: layers 1, 3, 5, ..., transformers' `decoder_sparse_step`
-  convention), or `moe_layer_fraction=f` makes round(f x layers) layers MoE (at least one), spread
-  evenly and ending at the last layer (0.1 of 20 layers: layers 9 and 19). Not both.
-  `mlp_layer_types` (derived, `"dense"` / `"sparse"` per layer) says which.
-- `moe_intermediate_size`: each expert's SwiGLU width (default: `intermediate_size`).
-- `moe_capacity_factor`: None (default) routes dropless; a float caps each expert at
-  ceil(factor x tokens x k / num_experts) token slots per forward, first choices served first, and
-  the overflowing (token, expert) pairs are dropped (the token keeps its residual stream).
-- `norm_topk_prob`: renormalise the k chosen softmax probabilities to sum to 1 (default True, Mixtral).
-- `router_aux_loss_coef` (0.01) and `router_z_loss_coef` (0.001): weights of the Switch
-  load-balancing loss and of the router z-loss added to the LM loss in training.
+A strict subclass of `transformers.LlamaConfig`: every Llama field keeps its meaning, and a model without windows
+loads with plain `LlamaForCausalLM`. It adds:
+- `window_pattern` (`S` windowed / `L` full, tiled over the layers, nanochat style; the last layer always full)
+  and `sliding_window` (a query at i sees i - sliding_window < j <= i, transformers' convention), from which
+  `layer_types` is derived (never set by hand): the field transformers' mask builders and `DynamicCache` read;
+- `attention_backend`: `"auto"` (per layer type, the fastest kernel installed here, `attention.py`) or one
+  kernel for every layer (transformers' `attn_implementation=` sets it too);
+- `chunked_loss` (default True): training forwards with labels never hold the [tokens, vocab] logits (`loss.py`);
+- mixture of experts (`num_experts > 0`; `moe.py`): top-k, which layers (`moe_every` or `moe_layer_fraction`,
+  derived into `mlp_layer_types`), expert width, capacity, `norm_topk_prob`, the aux / z-loss weights.
+`tie_word_embeddings` defaults to False. Invalid values raise an error naming the field and the fix. Every
+field: docs/model.md and docs/moe.md.
 """
 
 from __future__ import annotations

@@ -1,59 +1,18 @@
 """The LM head's cross-entropy without the logits: `causal_lm_loss` takes the final hidden states.
 
-Why. The unfused path (`lm_head` then transformers' `ForCausalLMLoss`) materialises the logits
-[tokens, V] and, through `cross_entropy`, the fp32 log-probabilities it saves for backward; backward
-adds their gradient and the logits' gradient. At V = 32,768 and 4 x 1024 tokens each of these is
-512 MiB in fp32, about 2 GiB alive at the start of backward: more than the whole rest of a small
-model's step (docs/memory.md prices it as 12 B x tokens x V). Only one number per token is needed
-(the target's log-probability) and only one gradient shape per chunk of tokens.
+The unfused path (`lm_head`, then transformers' `ForCausalLMLoss`) holds the [tokens, V] logits, the fp32
+log-probabilities and their gradients at the start of backward (12 B x tokens x V, docs/memory.md): more than the
+rest of a small model's step. Here each chunk of tokens computes its logits, adds its loss and, in the same
+forward, its gradients (the loss is a scalar at the end of the graph, so d logits = softmax - one_hot), then drops
+the chunk; backward only scales the stored d hidden and d weight. So the head costs the unfused path's 3 matmuls,
+at most one chunk of logits is alive, and `lm_head.weight` is read in the forward only (DeepSpeed ZeRO-3 gathers
+it there as an external parameter). The price: no double backward, and d hidden and d weight live until backward.
 
-How. Three well-known ways to never hold the whole [tokens, V]:
-
-1. per-chunk activation checkpointing (torchtune's chunked-output cross-entropy splits the head
-   over token chunks; with a checkpoint per chunk nothing of a chunk survives its forward): each
-   chunk's logits are computed in forward for the loss and again in backward for the gradients,
-   so the head costs 4 matmuls instead of 3, and the head weight is needed again in backward;
-2. a custom `autograd.Function` that saves only the inputs and recomputes each chunk's logits in
-   backward: the same 4 matmuls and the same need for the weight in backward;
-3. the gradient in the forward (Liger-Kernel's fused linear cross-entropy, after mgmalek's
-   efficient_cross_entropy): the summed loss is a scalar at the end of the graph, so the gradient
-   of a chunk's logits, softmax - one_hot(target) on the non-ignored rows, is known as soon as the
-   chunk's softmax is. The forward computes each chunk's logits, adds its loss, computes
-   d hidden (chunk) and accumulates d weight, then drops the chunk; backward only multiplies the two
-   stored gradients by the incoming scalar.
-
-hf_pretrain uses (3): 3 matmuls as in the unfused path (no recompute, so a step is not slower; on this
-CPU it is faster, see docs/benchmarks.md), at most one chunk of logits alive, and the weight is read
-in the forward only, which is what lets DeepSpeed ZeRO-3 work: the head module is not called, so its
-gather hooks do not fire, but reading `lm_head.weight` inside the model's forward makes DeepSpeed
-gather it as an "external parameter" of the running module (released after that forward), and
-nothing in backward needs it (with (1) or (2) it would have to be gathered again there).
-The costs of (3): d hidden [tokens, H] and d weight [V, H] are held from the forward to the
-backward (one chunk of logits is bigger than d hidden, and d weight is the gradient the step
-allocates anyway); gradients are computed in a forward that needs them (grad mode on and the
-inputs requiring grad; not in evaluation); no double backward and no second `backward()` of the
-same graph. Any function of the loss (scaling for accumulation, the MoE aux losses added, loss
-scaling) is fine: backward scales by whatever gradient reaches the loss.
-
-Which implementation (no hand-written kernel, no hand-written autograd):
-- CUDA with Liger-Kernel installed (`pip install hf_pretrain[liger]`):
-  `liger_kernel.transformers.LigerFusedLinearCrossEntropyLoss`, Triton kernels doing (3) in place.
-- everywhere else: PyTorch's own `torch.nn.functional.linear_cross_entropy` with
-  `LinearCrossEntropyOptions` (torch >= 2.13), which is (3) as a `torch.library` custom op (opaque
-  to torch.compile, so no graph break). On an older torch the full logits are computed, with a
-  warning naming the version.
-Chunk size: `CHUNK_LOGITS` logits (2**24 = 64 MiB in fp32) per chunk, i.e. 512 tokens at V = 32,768,
-whatever the batch. The peak of the head then stays flat as batch x sequence grows; smaller
-chunks would mean more, thinner matmuls (torch's "aspect_ratio:2" heuristic picks 16 rows at
-V = 32,768, H = 256, 2.7 x slower on this CPU than 512 rows; Liger sizes chunks to about the hidden
-states' size).
-
-Exactness: the math of `ForCausalLMLoss` — labels shifted by padding with `ignore_index` (or
-`shift_labels` as given), logits upcast to fp32 for the softmax, sum over non-ignored tokens
-divided by `num_items_in_batch` when the Trainer passes it (gradient accumulation, token-
-normalised), else by the count of non-ignored tokens. Only the summation order differs (chunks),
-~1e-7 relative in fp32. Under autocast the hidden states and weight are cast to the autocast dtype
-first, as `nn.Linear` under autocast would (the logits in bf16, the softmax in fp32).
+No hand-written kernel or autograd: Liger-Kernel's `LigerFusedLinearCrossEntropyLoss` on CUDA when installed,
+else torch's `F.linear_cross_entropy` (torch >= 2.13; older: the full logits, with a warning), `CHUNK_LOGITS`
+logits per chunk. The math is `ForCausalLMLoss`'s (labels shifted with `ignore_index`, fp32 softmax, divided by
+`num_items_in_batch` or the count of targets); only the summation order differs. The alternatives and the chunk
+size: docs/model.md.
 """
 
 from __future__ import annotations

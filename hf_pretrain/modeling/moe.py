@@ -1,47 +1,20 @@
 """Mixture-of-experts MLP: a top-k softmax router over SwiGLU experts, optional capacity, aux losses.
 
-`PretrainMoE` replaces the SwiGLU MLP of the layers `PretrainConfig.mlp_layer_types` marks
-`"sparse"`. Per token (x of width H):
+`PretrainMoE` replaces the SwiGLU MLP of the layers `PretrainConfig.mlp_layer_types` marks `"sparse"`. Per token x:
 
     logits = x W_r^T                      router, no bias, computed in fp32 (autocast off)
     p      = softmax(logits)              over the E experts
     w, e   = top-k(p)                     k experts per token; w / sum(w) when norm_topk_prob
     y      = sum_j w_j SwiGLU_{e_j}(x)    SwiGLU_e(x) = down_e(silu(gate_e x) * up_e x)
 
-This is the math of transformers' Mixtral (always renormalised) and Qwen2-MoE (renormalised when
-`norm_topk_prob`), and the parameters carry their names and layouts: `mlp.gate.weight` (E, H),
-`mlp.experts.gate_up_proj` (E, 2I, H: gate rows then up rows), `mlp.experts.down_proj` (E, H, I).
-That is what lets `export_hf` copy the tensors into `MixtralForCausalLM` / `Qwen2MoeForCausalLM`
-by name and get the same logits.
-
-Why the forward is written here and not borrowed from transformers' experts modules:
-- capacity: transformers' experts functions route every (token, expert) pair (their sentinel
-  handling belongs to expert parallelism), so dropping overflow pairs needs our own dispatch;
-- the experts-implementation switch of transformers (`grouped_mm`, ...) is enabled by looking for
-  its decorator in the *model's* module source, which hf_pretrain's model module does not have;
-- the z-loss, the expert load and the dropped-pair count do not exist in transformers.
-
-Dispatch is vectorised: the (token, expert) pairs are sorted by expert once (`argsort`), each
-expert runs two matmuls on its contiguous slice, and `index_add_` scatters the weighted outputs
-back. The only Python loop is over experts (as in transformers' eager experts); nothing loops
-over tokens, and the number of matmuls does not depend on the number of tokens.
-
-Capacity (`moe_capacity_factor=c`): each expert takes at most ceil(c x T x k / E) pairs per forward
-(T tokens of this forward, padding included). Priority goes to first choices: every token's
-top-1 pair before any top-2 pair, then token order (GShard). A dropped pair contributes nothing (its
-weight is not redistributed); a token whose k pairs are all dropped passes through on the residual
-stream alone. None routes dropless.
-
-Losses and statistics (`routing_statistics`, computed by the model from the router logits each
-MoE layer returns, excluding padding when a 2D attention mask is given), averaged over MoE layers:
-- load-balancing loss (Switch Transformer): E x sum_e f_e P_e, where f_e is the fraction of the
-  T x k routed pairs that chose expert e (before capacity) and P_e the mean router probability of
-  e. It is 1.0 for a uniform router (and for any router when the load is exactly balanced) and
-  E / k when every token picks the same k experts. transformers' `load_balancing_loss_func` pools
-  all layers before the product and lets f sum to k, so it reads about k times this value.
-- router z-loss (ST-MoE): mean over tokens of logsumexp(logits)^2; it keeps router logits small.
-- expert load: f_e per MoE layer (rows sum to 1; uniform is 1 / E); dropped fraction: dropped
-  pairs / routed pairs.
+the math of transformers' Mixtral and Qwen2-MoE, with their parameter names and layouts (`mlp.gate.weight`,
+`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`), so `export_hf` copies the tensors by name. The forward is
+written here because transformers' experts modules route every (token, expert) pair (no capacity) and have no
+z-loss, expert load or dropped count. Dispatch is vectorised: pairs sorted by expert once, two matmuls per expert
+on its slice, `index_add_` back; the only loop is over experts. Capacity (`moe_capacity_factor=c`): at most
+ceil(c x T x k / E) pairs per expert and forward, first choices first, then token order (GShard); a dropped
+pair adds nothing. `routing_statistics`: the Switch load-balancing loss (1.0 for a uniform router, E / k
+collapsed), the ST-MoE router z-loss, the expert load and the dropped fraction. Details: docs/moe.md.
 """
 
 from __future__ import annotations

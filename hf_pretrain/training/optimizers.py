@@ -1,41 +1,19 @@
 """Muon for the hidden matrices, AdamW for the rest: `optim="muon"` of `PretrainingArguments`.
 
-Muon (Keller Jordan 2024; "Muon is Scalable for LLM Training", Moonshot 2025) replaces each 2-D
-weight's update by the orthogonalised momentum (Newton–Schulz iterations), so every direction of
-the matrix moves at the same rate. `torch.optim.Muon` implements it and accepts only 2-D
-parameters; embeddings, the LM head, norms, biases and MoE routers stay on AdamW, as in
-modded-nanogpt and nanochat. `split_parameters` decides, by tensor and module, for any model:
-- Muon: every trainable 2-D weight that is none of the below (attention and MLP projections;
-  GPT-2's `Conv1D` weights too: the orthogonal update does not care which side is "in").
-- AdamW: tensors of `ndim != 2` (norms, biases, convolution kernels, MoE's stacked 3-D experts,
-  which `torch.optim.Muon` refuses), `nn.Embedding` weights (token and position tables: a row is
-  a lookup, not a linear map), the output embeddings (`get_output_embeddings()`: logits into a
-  softmax, where AdamW's per-coordinate steps are the known-good choice), and MoE routers (a
-  parameter named `...router.weight` or `...gate.weight`: a few expert logits per token, a head in
-  miniature; an orthogonalised step would move every expert's logit by the same amount however
-  weak its gradient). The AdamW tensors keep `Trainer`'s weight-decay split (no decay on norms and
-  biases).
+Muon (Keller Jordan 2024; Moonshot 2025) replaces each 2-D weight's update by the orthogonalised momentum, so every
+direction of the matrix moves at the same rate. `torch.optim.Muon` implements it; `split_parameters` decides, for
+any model, what it gets: every trainable 2-D weight (attention and MLP projections, GPT-2's `Conv1D`) but the
+embeddings (a row is a lookup), the output embeddings (logits into a softmax) and MoE routers (a few expert
+logits per token: an orthogonalised step would move every expert's logit alike), which stay on AdamW with the
+tensors that are not 2-D (norms, biases, stacked experts) and `Trainer`'s weight-decay split, as in
+modded-nanogpt and nanochat. Muon's lr is `muon_lr` scaled by torch's `adjust_lr_fn` (`match_rms_adamw`:
+AdamW's learning rate and weight decay carry over; `original`: Keller's rule).
 
-Learning rates. Muon's lr is `muon_lr` (default: `learning_rate`) with torch's
-`adjust_lr_fn="match_rms_adamw"` (Moonshot's rule: lr x 0.2 sqrt(max(rows, cols)), so the update's
-RMS is AdamW's and AdamW's learning rate and weight decay carry over); `muon_adjust_lr="original"`
-is Keller's rule (lr x sqrt(max(1, rows/cols)), with lr around 0.02). Weight decay is
-`weight_decay` on both sides (decoupled, lr x wd).
-
-One optimizer. `Trainer` drives one optimizer with one LR scheduler and saves one
-`optimizer.pt`; the loss guard scales `param_groups` before a step. `MuonWithAdamW` is therefore a
-`torch.optim.Optimizer` whose `param_groups` and `state` are the two inner optimizers' own objects:
-the scheduler sets each group's lr in place (the Muon group keeps its own base lr, the schedule's
-shape is shared), `state_dict()` is the standard one over all groups (the tensors' state keyed by
-index, each group with its own hyper-parameters), and `load_state_dict` re-links the inner
-optimizers to the loaded groups and state. Written by hand because neither torch nor transformers
-5.24 ships a Muon+AdamW optimizer (transformers' `optim` names have no Muon), and the wrapper
-keeps torch's own update code.
-
-Sharding. Newton–Schulz needs the whole matrix on each rank: DDP keeps whole weights (every rank
-runs the same update on the same averaged gradient), DeepSpeed (any ZeRO stage flattens the
-parameters into 1-D partitions) and FSDP (shards) do not, so `check_optimizer_supported` refuses
-them when the trainer is built.
+`MuonWithAdamW` is one `torch.optim.Optimizer` whose `param_groups` and `state` are the two inner optimizers' own
+objects, because `Trainer` drives one optimizer with one scheduler and saves one `optimizer.pt`: the scheduler
+and the loss guard set the groups in place, `state_dict()` is the standard one, `load_state_dict` re-links the
+inner optimizers. Written by hand: neither torch nor transformers ships Muon + AdamW as one optimizer. Newton-Schulz
+needs whole matrices, so DeepSpeed and FSDP (flat or sharded parameters) are refused when the trainer is built.
 """
 
 from __future__ import annotations

@@ -1,35 +1,17 @@
 """Check a checkpoint before a resume reads it: every file the resume needs is there and readable.
 
-`Trainer` resumes from whatever `checkpoint-N` it is given or finds newest. A checkpoint without
-`optimizer.pt` resumes silently with a fresh AdamW (and `scheduler.pt` missing puts the learning
-rate back at warmup); a truncated `model.safetensors` fails deep inside safetensors without naming
-the file; `resume_from_checkpoint=True` picks such a checkpoint anyway. `PretrainTrainer` checks
-first:
-- an explicit path with a problem raises `CheckpointError`, naming each file, what is wrong and the
-  fix: a resume never loads half a state;
-- `True` ("the newest") skips incomplete or corrupt checkpoints, newest first, says which it
-  skipped and why, and which one it uses.
-
-What is checked, cheaply (headers and zip directories, never the tensors themselves):
-- `trainer_state.json`: JSON; `hf_pretrain_state.json` (the data position and the loss guard's
-  state): JSON of the shape the resume reads. A checkpoint of plain transformers has none, so a
-  missing one only warns, saying what a resume without it loses (a stream's position, the loss
-  guard's lowered learning rate);
-- the weights: `model.safetensors` (header parsed, file long enough for every tensor it lists),
-  `pytorch_model.bin` (a readable zip), a sharded index and every shard it names, or a PEFT adapter;
-  under DeepSpeed the tag folder named by `latest` and its `*.pt` files instead (weights and
-  optimizer live there); under FSDP accelerate's files instead: sharded state dicts are DCP folders
-  (`pytorch_model_fsdp_0/`, `optimizer_0/`) whose `.metadata` the coordinator writes last, after
-  every rank's `*.distcp` (a folder without it was cut), full ones `pytorch_model_fsdp.bin` and
-  `optimizer.bin` (readable zips);
-- `optimizer.pt` and `scheduler.pt` (readable zips: `torch.save` writes zip files whose directory
-  sits at the end, so a cut file fails to open);
-- the RNG state this run reads: `rng_state.pth` for one process, `rng_state_{rank}.pth` for each
-  rank of several (states saved for another number of processes only warn: the data position
-  still resumes exactly, only dropout's random stream starts anew).
-`save_only_model=True` runs keep no optimizer by design: only the weights are checked.
-
-Written by hand: neither transformers nor accelerate validates a checkpoint before loading it.
+`Trainer` resumes from whatever `checkpoint-N` it is given or finds newest: without `optimizer.pt` silently with a
+fresh AdamW, with a truncated `model.safetensors` failing deep inside safetensors without naming the file.
+`check_checkpoint` reads headers and zip directories, never the tensors: `trainer_state.json` and
+`hf_pretrain_state.json` (a checkpoint of plain transformers has none: a warning says what its resume loses);
+the weights (`model.safetensors` long enough for every tensor its header lists, `pytorch_model.bin`, a sharded
+index and its shards, a PEFT adapter; under DeepSpeed the tag folder named by `latest`; under FSDP accelerate's
+DCP folders, each with the `.metadata` the coordinator writes last, or its full `.bin` files); `optimizer.pt` and
+`scheduler.pt` (`torch.save` zips keep their directory at the end, so a cut file fails to open), unless
+`save_only_model`; the RNG state of each rank (saved for another number of processes: a warning only).
+An explicit path with a problem raises `CheckpointError` naming each file, what is wrong and the fix; `True`
+skips to the newest whole checkpoint (`checkpointing.py`). Written by hand: neither transformers nor accelerate
+validates a checkpoint before loading it.
 """
 
 from __future__ import annotations
