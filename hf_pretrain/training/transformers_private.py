@@ -54,9 +54,10 @@ def check_private_surface(surface: tuple[str, ...] = PRIVATE_SURFACE) -> None:
     missing = [name for name in surface if not _present(name)]
     if missing:
         raise ImportError(
-            f"hf_pretrain supports transformers{SUPPORTED_TRANSFORMERS}; the installed transformers "
-            f"{transformers.__version__} lacks {', '.join(missing)}. "
-            f"Fix: pip install 'transformers{SUPPORTED_TRANSFORMERS}'."
+            f"hf_pretrain supports transformers{SUPPORTED_TRANSFORMERS} and relies on private names the installed "
+            f"transformers {transformers.__version__} lacks: {', '.join(missing)}. Fix: pip install "
+            f"'transformers{SUPPORTED_TRANSFORMERS}' (a version in that range without them needs "
+            "hf_pretrain/training/transformers_private.py updated)."
         )
 
 
