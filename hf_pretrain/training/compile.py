@@ -61,6 +61,15 @@ def prepare_compile(model: nn.Module) -> None:
         torch._dynamo.config.capture_scalar_outputs = True
 
 
+def accelerator_args_for(args, accelerator_args: dict) -> dict:
+    """The Trainer's accelerator arguments; with scope 'blocks' (layers compiled in place) accelerate compiles nothing."""
+    if args.torch_compile and getattr(args, "torch_compile_scope", "model") == "blocks":
+        from accelerate.utils import TorchDynamoPlugin
+
+        accelerator_args["dynamo_plugin"] = TorchDynamoPlugin(backend="no")
+    return accelerator_args
+
+
 def compile_kwargs(args) -> dict:
     """`torch.compile` options from TrainingArguments' `torch_compile_backend` / `torch_compile_mode`."""
     kwargs = {"backend": args.torch_compile_backend or "inductor"}

@@ -18,6 +18,7 @@ import transformers.trainer as hf_trainer
 from transformers import Trainer
 
 from ..precision import high_precision
+from .compile import accelerator_args_for
 
 SUPPORTED_TRANSFORMERS = ">=5.24,<6"  # setup.cfg's requirement (tests/training/test_transformers_private.py)
 
@@ -101,12 +102,7 @@ class TrainerPrivateOverrides(Trainer):
     """The overrides of private `Trainer` methods; `PretrainTrainer` sets the rooms they hand the calls to."""
 
     def _build_accelerator_args(self, **kwargs) -> dict:  # compile.py: scope 'blocks' compiles in place
-        args = super()._build_accelerator_args(**kwargs)
-        if self.args.torch_compile and getattr(self.args, "torch_compile_scope", "model") == "blocks":
-            from accelerate.utils import TorchDynamoPlugin
-
-            args["dynamo_plugin"] = TorchDynamoPlugin(backend="no")
-        return args
+        return accelerator_args_for(self.args, super()._build_accelerator_args(**kwargs))
 
     def _track_num_input_tokens(self, inputs):  # tokens.py: our count when the arguments do not ask for one
         if not (self.extras and self.tokens.track(inputs)):
