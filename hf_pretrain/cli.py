@@ -9,6 +9,7 @@ hf-pretrain data clean|filter|dedup|train-tokenizer|pack|prepare ...   (see hf_p
 hf-pretrain estimate-memory --preset llama2-7b --zero 3 --gpus 8 --seq 8192 --micro-batch 1 --device H100
 hf-pretrain plan --device h100 --gpus 8 --hours 24 --data-tokens 20B   (see hf_pretrain/plan/)
 hf-pretrain rehearse accelerate launch --config_file two_nodes.yaml examples/pretrain.py   (hf_pretrain/rehearse/)
+hf-pretrain eval runs/tiny --tasks hellaswag,arc_easy,piqa --limit 500   (hf_pretrain/evaluation/downstream/)
 """
 
 from __future__ import annotations
@@ -203,6 +204,12 @@ def rehearse_cli(argv: list[str]) -> int:
     return cli(argv)
 
 
+def eval_cli(argv: list[str]) -> int:
+    from .evaluation.downstream.cli import cli
+
+    return cli(argv)
+
+
 def data_cli(argv: list[str]) -> int:
     from .data.cli import main as data_main
 
@@ -219,6 +226,7 @@ COMMANDS = {
     "estimate-memory": estimate_memory_cli,
     "plan": plan_cli,
     "rehearse": rehearse_cli,
+    "eval": eval_cli,
 }
 
 

@@ -1,8 +1,10 @@
 """`render_report(run_dir)`: the run's telemetry as one PNG dashboard and an HTML page.
 
 Reads `RUN_DIR/telemetry.jsonl` (written by `JsonlCallback`) and draws, against the optimizer step:
-loss; tokens/s; MFU against spec and against the measured ceiling; SM clock, power, compute and
-wait time per rank; memory; utilization beside power as a share of its limit. Warnings of the run
+training and held-out loss with the learning rate on a second axis; tokens/s; MFU against spec and
+against the measured ceiling (rates on axes from zero); SM clock, power, compute and wait time per
+rank; memory; utilization beside power as a share of its limit; the downstream tasks' centered
+accuracy (0 = chance) and bits per byte. The HTML page opens with a summary table (`summary.py`). Warnings of the run
 (straggler, under-clock, attention fallback) are merged into episodes (consecutive logs carrying
 one), drawn as a line at their start and a shaded span over their length on every panel, and
 listed in the HTML page. A series the device never reported is drawn as
@@ -23,10 +25,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..telemetry.jsonl import read_jsonl  # noqa: E402
+from .summary import summary_rows  # noqa: E402
 
 WARNING_KEYS = ("straggler_warning", "underclock_warning", "attention_fallback")
 PANELS = (
-    ("loss", "loss (nats/token)", [r"^loss$", r"^eval_loss$"]),
+    ("loss", "loss (nats/token): training, held-out; learning rate (right)", [r"^loss$", r"^eval_loss$"]),
     ("throughput", "tokens / s (all ranks)", [r"^tokens_per_second$"]),
     ("mfu", "MFU", [r"^mfu_spec$", r"^mfu_measured$"]),
     ("clock", "SM clock (MHz)", [r"^rank\d+_sm_clock_mhz$", r"^gpu_sm_clock_mhz$", r"^gpu_sm_clock_max_mhz$"]),
@@ -46,7 +49,10 @@ PANELS = (
         "utilization and power / limit (%)",
         [r"^gpu_utilization_pct$", r"^gpu_power_of_limit_pct$", r"^cpu_utilization_pct$"],
     ),
+    ("downstream", "downstream: centered accuracy (0 = chance, 1 = perfect)", [r"^downstream/([^/]+/)?centered$"]),
+    ("downstream_bpb", "downstream: bits per byte of the gold answer", [r"^downstream/[^/]+/bpb$"]),
 )
+FROM_ZERO = ("throughput", "mfu")  # rates: a drop from 9,000 to 8,500 tokens/s must not fill the panel
 
 
 def series(records: list[dict], pattern: str) -> dict[str, tuple[list[int], list[float]]]:
@@ -91,17 +97,19 @@ def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tup
         if isinstance(record.get("gpu_power_of_limit"), (int, float)):
             record["gpu_power_of_limit_pct"] = 100 * record["gpu_power_of_limit"]
     spans = episodes(records)
-    fig, axes = plt.subplots(4, 2, figsize=(14, 14), sharex=True)
-    for ax, (_, title, patterns) in zip(axes.flat, PANELS):
+    fig, axes = plt.subplots(5, 2, figsize=(14, 17.5), sharex=True)
+    for ax, (name, title, patterns) in zip(axes.flat, PANELS):
         drawn = {k: v for p in patterns for k, v in series(records, p).items()}
         if any(k.startswith("rank") for k in drawn):  # per-rank figures supersede this rank's own
             drawn = {k: v for k, v in drawn.items() if k.startswith("rank") or "limit" in k or "max" in k}
         for key, (steps, values) in sorted(drawn.items()):
             style = "--" if ("wait" in key or "limit" in key or "max" in key) else "-"
-            ax.plot(steps, values, style, marker="o", markersize=3, linewidth=1.5, label=key)
+            aggregate = {"color": "black", "linewidth": 2.5} if key == "downstream/centered" else {"linewidth": 1.5}
+            ax.plot(steps, values, style, marker="o", markersize=3, label=key, **aggregate)
         if drawn:
             ax.legend(fontsize=8, loc="best")
             ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+            _decorate(ax, name, records)
         else:
             ax.text(
                 0.5, 0.5, "unavailable on this device", ha="center", va="center", transform=ax.transAxes, color="gray"
@@ -123,13 +131,25 @@ def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tup
         "purple under-clock, orange attention fallback)",
         fontsize=12,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))  # room for the title
     png = out / "report.png"
     fig.savefig(png, dpi=90)
     plt.close(fig)
     page = out / "report.html"
     page.write_text(_html(run_dir, png, records, spans), encoding="utf-8")
     return png, page
+
+
+def _decorate(ax, panel: str, records: list[dict]) -> None:
+    if panel in FROM_ZERO:
+        ax.set_ylim(bottom=0)
+    elif panel == "downstream":
+        ax.axhline(0, color="gray", linestyle=":", linewidth=1)
+    elif panel == "loss" and (lr := series(records, r"^learning_rate$")):
+        twin = ax.twinx()
+        twin.plot(*lr["learning_rate"], ":", color="gray", linewidth=1.2, label="learning_rate")
+        twin.set_ylim(bottom=0)
+        twin.legend(fontsize=8, loc="upper center")
 
 
 def _html(run_dir: Path, png: Path, records: list[dict], spans: list[tuple[int, int, str, str]]) -> str:
@@ -141,10 +161,14 @@ def _html(run_dir: Path, png: Path, records: list[dict], spans: list[tuple[int, 
         "".join(f"<li>steps {a}-{b}: <b>{html.escape(k)}</b>: {html.escape(t)}</li>" for a, b, k, t in spans)
         or "<li>none</li>"
     )
+    table = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in summary_rows(run_dir, records)
+    )
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>hf_pretrain report: {html.escape(run_dir.name)}</title>"
-        "<style>body{font-family:sans-serif;max-width:1300px;margin:auto}li{margin:4px 0}</style></head><body>"
-        f"<h1>{html.escape(run_dir.name)}</h1><p>last training log: {html.escape(summary)}</p>"
+        "<style>body{font-family:sans-serif;max-width:1300px;margin:auto}li{margin:4px 0}th{text-align:left;"
+        "padding-right:16px}</style></head><body>"
+        f"<h1>{html.escape(run_dir.name)}</h1><table>{table}</table><p>last training log: {html.escape(summary)}</p>"
         f"<h2>Warnings</h2><ul>{items}</ul><img alt='dashboard' style='width:100%' src='data:image/png;base64,{image}'>"
         "</body></html>"
     )

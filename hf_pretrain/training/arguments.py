@@ -41,6 +41,7 @@ import torch
 from transformers import TrainingArguments
 
 from ..callback import PretrainCallback
+from ..evaluation.downstream.callback import DownstreamEvalCallback
 from ..evaluation.generation_probe import GenerationProbeCallback
 from ..precision.convert import MIN_FEATURES
 from ..telemetry.hardware import HardwareSensorsCallback
@@ -207,6 +208,25 @@ class PretrainingArguments(TrainingArguments):
         GenerationProbeCallback, "probe_max_new_tokens", "Tokens generated per probe prompt."
     )
     probe_at_end: bool = owned(GenerationProbeCallback, "probe_at_end", "Also probe at the last step.")
+    downstream_tasks: str | None = owned(
+        DownstreamEvalCallback,
+        "downstream_tasks",
+        "Downstream benchmarks scored during training: comma-separated (hellaswag,arc_easy,piqa,...), 'default' or "
+        "'all' (docs/evaluation.md).",
+    )
+    downstream_every: int = owned(
+        DownstreamEvalCallback,
+        "downstream_every",
+        "Optimizer steps between downstream evaluations (0: only at the end).",
+    )
+    downstream_examples: int = owned(
+        DownstreamEvalCallback, "downstream_examples", "Examples a task: a fixed seeded subset (0: every example)."
+    )
+    downstream_shots: int = owned(DownstreamEvalCallback, "downstream_shots", "Few-shot examples (fixed, seeded).")
+    downstream_at_end: bool = owned(DownstreamEvalCallback, "downstream_at_end", "Also evaluate at the last step.")
+    downstream_batch_tokens: int = owned(
+        DownstreamEvalCallback, "downstream_batch_tokens", "Tokens per forward of the downstream evaluation."
+    )
     ddp_find_unused_parameters: bool | None = field(
         default=False,
         metadata={"help": "DDP: search for unused parameters every step (needed only when some go unused)."},
@@ -287,6 +307,10 @@ class PretrainingArguments(TrainingArguments):
             raise ValueError(
                 f"probe_every={self.probe_every} is invalid; use >= 1, or 0 to probe only at the last step."
             )
+        if self.downstream_tasks:
+            from ..evaluation.downstream.tasks import resolve_tasks
+
+            resolve_tasks(self.downstream_tasks)  # an unknown name is refused now, listing the available ones
         if self.use_cpu is None:  # extras off: transformers' default
             self.use_cpu = not accelerator_available() if self.pretrain_extras else False
         super().__post_init__()

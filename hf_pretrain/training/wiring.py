@@ -13,6 +13,8 @@ from transformers import DataCollatorWithFlattening
 
 from ..callback import PretrainCallback
 from ..evaluation import GenerationProbeCallback
+from ..evaluation.downstream.callback import DownstreamEvalCallback
+from ..evaluation.downstream.cost import DownstreamCostCallback
 from ..modeling.attention import Environment, plan_attention
 from ..precision import apply_precision
 from ..precision.recipes import RECIPES
@@ -60,6 +62,8 @@ RUN_CALLBACKS: tuple[type[PretrainCallback], ...] = (
     StragglerCallback,
     JsonlCallback,
     GenerationProbeCallback,
+    DownstreamEvalCallback,
+    DownstreamCostCallback,
 )
 
 

@@ -59,3 +59,13 @@ class OracleLM(torch.nn.Module):
                     logits[b, t] = -1e4
                     logits[b, t, token] = 0.0
         return SimpleNamespace(logits=logits)
+
+
+def training_rows(tokenizer, rows: int = 32, length: int = 64):
+    """A causal-LM dataset of `rows` blocks of `length` tokens of HellaSwag text (labels = inputs)."""
+    from datasets import Dataset
+
+    texts = [r["ctx"] for r in load_rows(str(data_root() / "hellaswag/none/validation"))[300:1300]]
+    ids = [t for text in texts for t in tokenizer(text)["input_ids"]][: rows * length]
+    blocks = [ids[i : i + length] for i in range(0, len(ids), length)]
+    return Dataset.from_dict({"input_ids": blocks, "labels": blocks})

@@ -1,0 +1,76 @@
+"""The summary table of `hf-pretrain report`: what a person judges a run by, read from the run directory.
+
+Rows: the model and its size (`config.json`, written by `save_model`: parameters counted by
+`modeling/accounting.py` for hf_pretrain configs, the config's own type otherwise), tokens seen,
+the compute dtype and the attention kernels (`preflight.json`), then the last value of the
+training loss, held-out loss, learning rate, tokens/s, MFU and the downstream figures
+(telemetry.jsonl). What the run directory does not hold is said so, never invented.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MISSING = "not in the run directory"
+
+
+def _last(records: list[dict], key: str):
+    return next((r[key] for r in reversed(records) if isinstance(r.get(key), (int, float))), None)
+
+
+def _model(run_dir: Path) -> str:
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return f"{MISSING} (config.json is written by save_model)"
+    config = json.loads(path.read_text())
+    kind = config.get("model_type", "?")
+    try:
+        from ..modeling.accounting import count_parameters
+        from ..modeling.configuration import PretrainConfig
+
+        if kind == "hf_pretrain":
+            size = count_parameters(PretrainConfig.from_dict(config)) / 1e6
+            return (
+                f"{kind}, {size:.2f} M parameters, {config['num_hidden_layers']} layers, width {config['hidden_size']}"
+            )
+    except (KeyError, TypeError, ValueError):
+        pass
+    return f"{kind}, {config.get('num_hidden_layers', '?')} layers, width {config.get('hidden_size', '?')}"
+
+
+def _attention(run_dir: Path) -> tuple[str, str]:
+    path = run_dir / "preflight.json"
+    if not path.is_file():
+        return MISSING, MISSING
+    attention = json.loads(path.read_text()).get("attention", {})
+    kernels = ", ".join(f"{r['layers']} x {r['label']}: {r['backend']}" for r in attention.get("rows", []))
+    where = f"{attention.get('dtype', '?')} on {attention.get('device', '?')}"
+    return where, kernels or MISSING
+
+
+def summary_rows(run_dir: Path, records: list[dict]) -> list[tuple[str, str]]:
+    dtype, kernels = _attention(run_dir)
+    rows = [("model", _model(run_dir)), ("compute dtype", dtype), ("attention kernels", kernels)]
+    tokens = _last(records, "num_input_tokens_seen")
+    rows.append(("tokens seen", f"{tokens:,.0f}" if tokens is not None else MISSING))
+    rows.append(("optimizer steps", str(max((r["step"] for r in records), default=0))))
+    finals = (
+        ("training loss", "loss", "{:.4f}"),
+        ("held-out loss", "eval_loss", "{:.4f}"),
+        ("learning rate", "learning_rate", "{:.3g}"),
+        ("tokens / s", "tokens_per_second", "{:,.0f}"),
+        ("MFU (spec)", "mfu_spec", "{:.1%}"),
+        ("MFU (measured ceiling)", "mfu_measured", "{:.1%}"),
+        ("downstream centered accuracy", "downstream/centered", "{:.4f}"),
+        ("downstream time share", "downstream/time_share", "{:.1%}"),
+    )
+    for label, key, form in finals:
+        value = _last(records, key)
+        rows.append((label, form.format(value) if value is not None else "not logged"))
+    tasks = sorted({k.split("/")[1] for r in records for k in r if k.startswith("downstream/") and k.count("/") == 2})
+    for task in tasks:
+        figures = {m: _last(records, f"downstream/{task}/{m}") for m in ("acc", "acc_norm", "bpb", "centered")}
+        text = ", ".join(f"{m} {v:.3f}" for m, v in figures.items() if v is not None)
+        rows.append((f"downstream {task}", text))
+    return rows

@@ -1,0 +1,163 @@
+"""The downstream suite in real training runs (one process here, 2 gloo ranks under ZeRO-3 / DDP / FSDP2) and
+`hf-pretrain eval` on the checkpoints they save."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import default_data_collator
+
+from hf_pretrain import PretrainTrainer, export_hf
+from hf_pretrain.cli import main as cli_main
+from hf_pretrain.evaluation.downstream import DownstreamEvaluator
+from hf_pretrain.report import render_report
+from hf_pretrain.telemetry.jsonl import read_jsonl
+from tests.conftest import quick_args
+from tests.evaluation.downstream_models import bpe_tokenizer, tiny_model, training_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "evaluation" / "downstream_run.py"
+TASKS = "arc_easy,piqa"
+FIGURES = ("acc", "acc_norm", "acc_per_token", "bpb", "centered")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """4 steps of the tiny model, the suite at steps 2 and 4 (20 examples a task); the model saved."""
+    out = tmp_path_factory.mktemp("downstream_run")
+    tokenizer = bpe_tokenizer()
+    args = quick_args(
+        out,
+        max_steps=4,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        measure_peak_tflops=False,
+        downstream_tasks=TASKS,
+        downstream_every=2,
+        downstream_examples=20,
+    )
+    trainer = PretrainTrainer(
+        model=tiny_model(),
+        args=args,
+        train_dataset=training_rows(tokenizer),
+        data_collator=default_data_collator,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    trainer.save_model()
+    tokenizer.save_pretrained(out)
+    return out, trainer
+
+
+def test_figures_reach_the_logs_and_the_cost_stays_out_of_the_history(trained, capfd):
+    out, trainer = trained
+    logged = [r for r in read_jsonl(out) if "downstream/centered" in r]
+    assert [r["step"] for r in logged] == [2, 4]
+    for record in logged:
+        for task in TASKS.split(","):
+            assert all(isinstance(record[f"downstream/{task}/{m}"], float) for m in FIGURES)
+        assert record["downstream/seconds"] > 0 and 0 < record["downstream/time_share"] < 1
+    assert "downstream/prepare_seconds" in logged[0] and "downstream/prepare_seconds" not in logged[1]
+    history = [h for h in trainer.state.log_history if "downstream/centered" in h]
+    assert [h["step"] for h in history] == [2, 4]
+    assert not any(k.startswith(("downstream/seconds", "downstream/time_share")) for h in history for k in h)
+
+
+def test_the_logged_figures_are_those_of_the_saved_model(trained):
+    out, _ = trained
+    last = [r for r in read_jsonl(out) if "downstream/centered" in r][-1]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    evaluator = DownstreamEvaluator(AutoTokenizer.from_pretrained(out), TASKS, limit=20)
+    result = evaluator.evaluate(AutoModelForCausalLM.from_pretrained(out))
+    for task in TASKS.split(","):
+        for m in ("acc", "acc_norm", "acc_per_token"):
+            assert result.tasks[task][m] == last[f"downstream/{task}/{m}"], (task, m)
+        assert result.tasks[task]["bpb"] == pytest.approx(last[f"downstream/{task}/bpb"], abs=1e-5)
+
+
+def test_cli_on_a_checkpoint_and_on_its_plain_llama_export(trained, tmp_path, capsys):
+    out, _ = trained
+    llama = tmp_path / "llama"
+    export_hf(out, llama)
+    scores = {}
+    for name, folder in (("ours", out), ("llama", llama)):
+        assert (
+            cli_main(["eval", str(folder), "--tasks", TASKS, "--limit", "20", "--out", str(tmp_path / f"{name}.json")])
+            == 0
+        )
+        printed = capsys.readouterr().out
+        assert "arc_easy" in printed and "centered accuracy" in printed and "verdict" in printed
+        scores[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    assert scores["llama"]["settings"]["packed"] is False  # a plain Llama would attend across packed documents
+    for task in TASKS.split(","):
+        for m in ("acc", "acc_norm"):
+            assert scores["ours"]["tasks"][task][m] == scores["llama"]["tasks"][task][m]
+        assert scores["ours"]["tasks"][task]["bpb"] == pytest.approx(scores["llama"]["tasks"][task]["bpb"], abs=1e-5)
+
+
+def test_cli_errors_name_the_fix(tmp_path, capsys):
+    assert cli_main(["eval", str(tmp_path)]) == 2
+    assert "holds no config.json" in capsys.readouterr().err
+
+
+def test_report_draws_the_downstream_panel(trained, tmp_path):
+    out, _ = trained
+    png, page = render_report(out, tmp_path)
+    text = page.read_text()
+    assert "downstream" in text and "arc_easy" in text
+
+
+def launch(tmp_path: Path, config: str, *extra: str) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--main_process_port", port]
+    result = subprocess.run(
+        [*command, str(SCRIPT), str(tmp_path), *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+
+
+def assert_sharded_and_equal_to_one_process(tmp_path, ranks):
+    """Both ranks end with the same figures, having scored disjoint halves with as many forwards each; the figures
+    are those of one process scoring the saved model alone."""
+    assert ranks[0]["figures"] == ranks[1]["figures"]
+    assert ranks[0]["forwards"] == ranks[1]["forwards"] > 0
+    assert (
+        0 < ranks[0]["batches"] < ranks[0]["all_batches"]
+        and ranks[0]["batches"] + ranks[1]["batches"] == ranks[0]["all_batches"]
+    )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32)
+    alone = DownstreamEvaluator(AutoTokenizer.from_pretrained(tmp_path / "model"), TASKS, limit=24).evaluate(model)
+    for task, figures in alone.tasks.items():
+        for m in ("acc", "acc_norm", "acc_per_token"):
+            assert ranks[0]["figures"][task][m] == figures[m], (task, m)
+        assert ranks[0]["figures"][task]["bpb"] == pytest.approx(figures["bpb"], abs=1e-4)
+
+
+@pytest.mark.distributed
+def test_two_ranks_under_zero3(tmp_path):
+    ranks = launch(
+        tmp_path, str(ROOT / "examples/accelerate_configs/cpu_2proc.yaml"), str(ROOT / "ds_configs/zero3.json")
+    )
+    assert ranks[0]["sharded"] and ranks[1]["sharded"]
+    assert_sharded_and_equal_to_one_process(tmp_path, ranks)
+
+
+@pytest.mark.distributed
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("config", ["cpu_2proc.yaml", "cpu_2proc_fsdp2.yaml"], ids=["ddp", "fsdp2"])
+def test_two_ranks_under_ddp_and_fsdp2(tmp_path, config):
+    ranks = launch(tmp_path, str(ROOT / "examples/accelerate_configs" / config))
+    assert ranks[0]["sharded"] is (config != "cpu_2proc.yaml")
+    assert_sharded_and_equal_to_one_process(tmp_path, ranks)
