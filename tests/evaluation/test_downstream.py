@@ -1,6 +1,7 @@
 """Downstream scoring on the real benchmark rows: sanity figures that can fail, batching, tokenization rules, errors."""
 
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -61,6 +62,22 @@ def test_few_shot_prompts_hold_fixed_shots_left_out_of_the_rows():
         assert example.contexts[0].count("\n\n") == 2
     assert build_examples(TASKS["arc_easy"], limit=4, shots=2, seed=5).indices == two.indices  # seeded
     assert zero.examples[0].contexts[0].count("Question:") == 1
+
+
+def test_scoring_rules_on_crafted_log_likelihoods():
+    from hf_pretrain.evaluation.downstream import Example
+    from hf_pretrain.evaluation.downstream.scoring import score_example, task_figures
+
+    example = Example(("Q:", "Q:"), (" a", " bb"), ("a", "bb"), gold=1)
+    # raw: -1.0 > -1.9 picks "a"; per character of the choice: -1.0 < -0.95 picks "bb" (per character of " a" / " bb"
+    # it would pick "a": -0.5 > -0.63); per token (1 vs 3 tokens): -1.0 < -0.63 picks "bb"
+    result = score_example(example, [-1.0, -1.9], tokens=[1, 3])
+    assert (result.acc, result.acc_norm, result.acc_per_token) == (0.0, 1.0, 1.0)
+    assert result.bpb == pytest.approx(1.9 / (math.log(2) * 3))  # bits per byte of " bb"
+    tied = score_example(example, [-1.0, -1.0], tokens=[1, 1])
+    assert tied.acc == 0.0  # a tie goes to the first choice, as numpy.argmax in lm-eval
+    figures = task_figures([example, example], [result, tied], "acc")
+    assert (figures["chance"], figures["acc"], figures["acc_norm"], figures["centered"]) == (0.5, 0.0, 1.0, -1.0)
 
 
 def test_an_oracle_scores_one_and_its_opposite_zero(tokenizer):

@@ -32,6 +32,43 @@ LM_EVAL_TASKS = {
 }
 
 
+def crafted_tokenizer():
+    """A BPE whose merges cross the context / continuation boundary ("b" + "c"): the continuation's tokens must be
+    those of the whole text past the context's, not the continuation encoded alone."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<|eos|>": 0, "a": 1, "b": 2, "c": 3, "d": 4, " ": 5, "bc": 6, "cd": 7}
+    bpe = models.BPE(vocab=vocab, merges=[("b", "c"), ("c", "d")])
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(bpe), eos_token="<|eos|>")
+
+
+@pytest.mark.parametrize("kind", ["bpe", "bpe_with_bos", "merges_across_the_boundary"])
+def test_tokens_equal_lm_eval_encode_pair(kind):
+    """Every request of every task is split into context / continuation tokens as lm-eval's HFLM splits it."""
+    from lm_eval.models.huggingface import HFLM
+
+    from hf_pretrain.evaluation.downstream.requests import Encoder, Request, requests_of
+    from hf_pretrain.evaluation.downstream.tasks import TASKS, build_examples
+
+    if kind == "merges_across_the_boundary":
+        tokenizer = crafted_tokenizer()
+        requests = [Request("t", 0, 0, c, k) for c, k in (("ab", "cd"), ("ab ", "cd"), ("a", "bcd"), ("abc", "d"))]
+    else:
+        tokenizer = bpe_tokenizer(bos=kind == "bpe_with_bos")
+        requests = [
+            r for t in TASKS.values() for r in requests_of(t.name, build_examples(t, limit=3, shots=1).examples)
+        ]
+    lm = HFLM(pretrained=tiny_model(), tokenizer=tokenizer, batch_size=1, device="cpu")
+    ours = Encoder(tokenizer).encode(requests)
+    for request, encoded in zip(requests, ours):
+        assert (encoded.context_ids, encoded.continuation_ids) == tuple(
+            lm._encode_pair(request.context, request.continuation)
+        )
+    if kind == "merges_across_the_boundary":
+        assert ours[0].continuation_ids == [4] != tokenizer("cd")["input_ids"]  # "b"+"c" merged: only "d" is left
+
+
 def run_lm_eval(model, tokenizer, evaluator: DownstreamEvaluator, folder: Path) -> dict:
     """lm-eval on the evaluator's rows (and its shots, as a train split read by the `first_n` sampler)."""
     from lm_eval.evaluator import evaluate
@@ -70,8 +107,9 @@ def assert_same_scores(ours, theirs, evaluator):
         assert len(samples) == len(s.examples)
         for sample in samples:
             expected = [resp[0][0] for resp in sample["resps"]]
-            got = ours.examples[name][sample["doc_id"]].loglikelihoods
-            assert got == pytest.approx(expected, abs=1e-4, rel=0), (name, sample["doc_id"])
+            got = ours.examples[name][sample["doc_id"]]
+            assert got.loglikelihoods == pytest.approx(expected, abs=1e-4, rel=0), (name, sample["doc_id"])
+            assert (got.acc, got.acc_norm) == (sample["acc"], sample.get("acc_norm", got.acc_norm)), name
         figures = theirs["results"][f"{name}_local"]
         assert ours.tasks[name]["acc"] == figures["acc,none"], name
         if "acc_norm,none" in figures:
