@@ -197,6 +197,9 @@ def table(plan: Plan) -> str:
             f"{plan.gpu_hours:,.0f} GPU-hours",
         ),
     ]
+    from ..evaluation.downstream.budget import plan_row
+
+    rows.append(("downstream", plan_row(plan)))
     rows += [("warning", text) for text in plan.warnings]
     return "\n".join(f"{name:<10} {text}" for name, text in rows)
 

@@ -202,3 +202,17 @@ def test_make_venv_installs_the_data_version_the_code_reads():
     makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
     assert f"EVAL_DATA_SPEC ?= {DATA_PACKAGE}=={DATA_VERSION}\n" in makefile
     assert '--no-deps "$(EVAL_DATA_SPEC)"' in makefile
+
+
+@pytest.mark.parametrize("tokens_per_second", [1e3, 1e6])
+def test_plan_spaces_the_suite_within_one_percent_and_fifty_evaluations(tokens_per_second):
+    from types import SimpleNamespace
+
+    from hf_pretrain.evaluation.downstream.budget import evaluation_every, plan_row
+
+    steps, step_seconds = 20_000, 2.0
+    every, tokens, seconds = evaluation_every(steps, step_seconds, tokens_per_second)
+    assert tokens > 1e5 and seconds == pytest.approx(tokens / (3 * tokens_per_second))
+    assert steps // every <= 50 and (steps // every) * seconds <= 0.01 * steps * step_seconds * 1.0001
+    plan = SimpleNamespace(steps=steps, step_seconds=step_seconds, tokens_per_second=tokens_per_second)
+    assert f"--downstream_every {every}:" in plan_row(plan)
