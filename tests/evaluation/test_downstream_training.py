@@ -106,11 +106,21 @@ def test_cli_errors_name_the_fix(tmp_path, capsys):
     assert "holds no config.json" in capsys.readouterr().err
 
 
-def test_report_draws_the_downstream_panel(trained, tmp_path):
+def test_report_draws_the_downstream_panels_and_summarises_the_run(trained, tmp_path):
+    from hf_pretrain.report.dashboard import PANELS, series
+
     out, _ = trained
     png, page = render_report(out, tmp_path)
+    panels = {name: patterns for name, _, patterns in PANELS}
+    records = read_jsonl(out)
+    drawn = {key for p in panels["downstream"] + panels["downstream_bpb"] for key in series(records, p)}
+    assert drawn == {"downstream/centered"} | {
+        f"downstream/{t}/{m}" for t in TASKS.split(",") for m in ("centered", "bpb")
+    }
     text = page.read_text()
-    assert "downstream" in text and "arc_easy" in text
+    assert "<th>model</th><td>hf_pretrain, " in text and "M parameters" in text  # from the saved config.json
+    assert "<th>attention kernels</th><td>2 x full: sdpa</td>" in text  # from preflight.json
+    assert "<th>downstream arc_easy</th><td>acc " in text and "<th>tokens seen</th><td>1,024</td>" in text
 
 
 def launch(tmp_path: Path, config: str, *extra: str) -> list[dict]:
