@@ -39,8 +39,7 @@ def cli(argv: list[str]) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import hf_pretrain  # noqa: F401  (registers hf_pretrain checkpoints with the auto classes)
-
+    from ... import modeling  # noqa: F401  (registers hf_pretrain checkpoints with the auto classes)
     from .evaluator import DEFAULT_BATCH_TOKENS, DownstreamEvaluator
 
     path = Path(args.path)
