@@ -4,8 +4,8 @@
 - `requests.py`: tokenization as lm-eval's HFLM, shared inputs, packed rows, batches;
 - `scoring.py`: acc, acc_norm (per character), acc_per_token, bits per byte, centered accuracy;
 - `evaluator.py`: `DownstreamEvaluator` (prepared once, scored on any model, sharded across ranks);
-- `callback.py`: `DownstreamEvalCallback`, the suite every N steps of a training run;
-- `cli.py`: `hf-pretrain eval PATH --tasks ...` on any checkpoint.
+- `callback.py`: `DownstreamEvalCallback`, the suite every N steps of a training run; `cost.py`: its cost in the logs;
+- `cli.py`: `hf-pretrain eval PATH --tasks ...` on any checkpoint; `budget.py`: how often a plan can afford it.
 See docs/evaluation.md.
 """
 
