@@ -5,12 +5,14 @@ time the launches took, not the time the GPU worked. The one honest clock there 
 a `torch.cuda.Event(enable_timing=True)` recorded on the current stream is stamped when the
 stream reaches it, so the elapsed time between two events is the device time of everything
 enqueued between them (kernels, and waits on other streams such as a collective's), whatever the
-host did meanwhile. Reading an event before the GPU has reached it would block the host
-(`elapsed_time` synchronises), so `DeviceClock` never reads an interval until its end event
-`query()`s as done: the caller keeps the marks of a step and resolves them at a later step, when
-the stream has long passed them (the loss `.item()` of every log, the NaN check of every
-micro-batch). Nothing here synchronises the device. On a CPU the work is done when the call
-returns, and the marks are plain `perf_counter` seconds, ready at once.
+host did meanwhile. `elapsed_time` raises on an event the GPU has not reached yet ("Both events
+must be completed"), and waiting for it would stall the step, so the callbacks read an interval
+only once its end event `query()`s as done: the caller keeps the marks of a step and resolves them
+at a later step, when the stream has long passed them (the loss `.item()` of every log, the NaN
+check of every micro-batch). `DeviceClock.seconds` itself never calls `elapsed_time` on an
+incomplete event: it waits for the event first (`synchronize`), which only a forced read (a full
+`PendingIntervals`, a benchmark) ever needs. On a CPU the work is done when the call returns, and
+the marks are plain `perf_counter` seconds, ready at once.
 
 `DeviceClock.mark()` returns an opaque mark; `seconds(start, end)` the interval; `done(mark)`
 whether it can be read without waiting. `work_mark()` is the clock of a rank's *own work*: the
@@ -52,9 +54,12 @@ class DeviceClock:
         return True if not self.cuda else mark.query()
 
     def seconds(self, start, end) -> float:
-        """Elapsed seconds between two marks (on a GPU: call only once `done(end)`, or it waits)."""
+        """Elapsed seconds between two marks (on a GPU: call once `done(end)`, or it waits for the marks)."""
         if not self.cuda:
             return end - start
+        for event in (start, end):
+            if not event.query():  # elapsed_time raises on an incomplete event instead of waiting for it
+                event.synchronize()
         return start.elapsed_time(end) / 1000.0
 
 
@@ -65,7 +70,7 @@ class PendingIntervals:
     `pop_done()` returns the resolved dicts of the oldest records whose every end mark is done, in
     order. A record never blocks the ones before it. When more than `limit` records wait (a device
     that never catches up: not seen in training, which syncs every step), the oldest is resolved
-    anyway, which waits for it: bounded memory beats a lost reading.
+    anyway: `DeviceClock.seconds` waits for its events. Bounded memory beats a lost reading.
     """
 
     def __init__(self, clock: DeviceClock, limit: int = 16):

@@ -73,6 +73,38 @@ def test_intervals_are_read_only_after_the_device_reached_them_and_in_order():
     assert len(pending.pop_done()) == 3 and len(pending) == 1
 
 
+class PendingEvent:
+    """A CUDA event as torch exposes it, on a CPU: `query()` is False until the 'device' reaches it (`synchronize()`
+    waits for that), and `elapsed_time` raises on an incomplete event, as torch does, instead of waiting."""
+
+    def __init__(self, at: float):
+        self.at, self.complete, self.waited = at, False, False
+
+    def query(self) -> bool:
+        return self.complete
+
+    def synchronize(self) -> None:
+        self.complete = self.waited = True
+
+    def elapsed_time(self, end: "PendingEvent") -> float:
+        if not (self.complete and end.complete):
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
+        return (end.at - self.at) * 1000.0
+
+
+def test_an_incomplete_event_is_waited_for_never_read_early():
+    clock = DeviceClock("cpu")
+    clock.cuda = True  # the GPU code path, with events that the test completes
+    start, end = PendingEvent(1.0), PendingEvent(1.25)
+    assert not clock.done(end)
+    assert clock.seconds(start, end) == pytest.approx(0.25) and end.waited and start.waited
+    # a full queue reads its oldest record anyway (bounded memory): it waits for the events instead of raising
+    pending = PendingIntervals(clock, limit=1)
+    pending.push({"step": (PendingEvent(0.0), PendingEvent(0.5))})
+    pending.push({"step": (PendingEvent(0.5), PendingEvent(1.5))})
+    assert pending.pop_done() == [{"step": pytest.approx(0.5)}] and len(pending) == 1
+
+
 def _args(device="cpu", precision=None):
     return SimpleNamespace(device=torch.device(device), world_size=1, bf16=False, fp16=False, precision=precision)
 
@@ -105,20 +137,40 @@ def test_an_fp8_recipe_without_fp8_tensor_cores_gets_no_measured_mfu(caplog):
 
 @gpu
 @pytest.mark.gpu
-def test_cuda_events_time_the_device_not_the_enqueue():
+def test_cuda_events_time_a_known_device_duration_not_the_enqueue():
+    """A kernel of known length (`torch.cuda._sleep`, its rate calibrated on the host clock) between two marks:
+    the interval is its duration, while the host returned long before the device finished."""
+    from benchmarks.gpu.faults import device_sleep
+
     clock = DeviceClock("cuda")
-    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    a @ a
-    torch.cuda.synchronize()
     pending = PendingIntervals(clock)
+    for expected in (0.02, 0.08):
+        torch.cuda.synchronize()
+        host = time.perf_counter()
+        start = clock.mark()
+        device_sleep(expected)
+        end = clock.mark()
+        enqueue = time.perf_counter() - host
+        assert not clock.done(end)  # the host is back while the device still sleeps
+        pending.push({"step": (start, end)})
+        assert pending.pop_done() == []  # nothing is read (or waited for) before the device got there
+        torch.cuda.synchronize()  # (the callbacks never do this: they read the events a step later)
+        (resolved,) = pending.pop_done()
+        assert resolved["step"] == pytest.approx(expected, rel=0.1) and enqueue < 0.25 * expected
+
+
+@gpu
+@pytest.mark.gpu
+def test_reading_an_incomplete_cuda_event_waits_for_it():
+    from benchmarks.gpu.faults import device_sleep
+
+    clock = DeviceClock("cuda")
+    torch.cuda.synchronize()
     start = clock.mark()
-    for _ in range(50):
-        a @ a
+    device_sleep(0.05)
     end = clock.mark()
-    pending.push({"step": (start, end)})
-    torch.cuda.synchronize()  # (the callbacks never do this: they read the events a step later)
-    (resolved,) = pending.pop_done()
-    assert clock.cuda and resolved["step"] > 0 and len(pending) == 0  # the ratio to enqueue time: gpu_check.py
+    assert not clock.done(end)
+    assert clock.seconds(start, end) == pytest.approx(0.05, rel=0.1)  # waited, did not raise
 
 
 @gpu

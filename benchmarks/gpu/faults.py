@@ -1,0 +1,64 @@
+"""A slow rank and a known-duration kernel, injected by gpu_check and the tests (never by the library).
+
+`slow_linears` makes one rank slow *inside* its linear layers (a forward hook on each), where both
+straggler rules look: DDP's compute measure and ZeRO-3's / FSDP2's per-linear `local_s`. On a GPU
+the device sleeps (`torch.cuda._sleep`), the way a slow GPU is slow while its host is not; on a CPU
+the host spins, so that the rank's CPU time shows it. It lives here rather than in tests/ because
+benchmarks/gpu_check.py uses it and benchmarks do not import the tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import torch
+
+SLEEP_CYCLES = 50_000_000  # about 25-50 ms on current GPUs: long enough that launch latency is noise
+
+
+@functools.cache
+def sleep_cycles_per_second(device_index: int = 0) -> float:
+    """GPU clock cycles `torch.cuda._sleep` spins per second, measured with the host clock around a synchronised
+    sleep (not with CUDA events: the tests use this to check the events)."""
+    with torch.cuda.device(device_index):
+        torch.cuda._sleep(SLEEP_CYCLES // 10)  # warm-up: the kernel's first launch
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        torch.cuda.synchronize()
+        return SLEEP_CYCLES / (time.perf_counter() - start)
+
+
+def device_sleep(seconds: float, device: torch.device | None = None) -> None:
+    """Enqueue a kernel that keeps the GPU busy for about `seconds` and return at once."""
+    index = (device or torch.device("cuda")).index or 0
+    torch.cuda._sleep(int(sleep_cycles_per_second(index) * seconds))
+
+
+def slow_linears(model: torch.nn.Module, rank: int, seconds: float) -> int:
+    """Make the process of global `rank` slower by `seconds` per forward of `model`, spread over its linears.
+
+    A forward hook on every `nn.Linear` but the output embedding (the layers the straggler callback times) adds
+    `seconds / n` of device sleep (GPU) or host spinning (CPU) after the matmul. Registered before training,
+    each hook runs inside the callback's per-linear window. Returns how many linears were slowed (0 on the
+    other ranks)."""
+    if seconds <= 0 or int(os.environ.get("RANK", "0")) != rank:
+        return 0
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    each = seconds / len(linears)
+
+    def slow(module, args, output):
+        device = module.weight.device
+        if device.type == "cuda":
+            device_sleep(each, device)
+            return
+        end = time.perf_counter() + each
+        while time.perf_counter() < end:
+            pass
+
+    for linear in linears:
+        linear.register_forward_hook(slow)
+    return len(linears)
