@@ -10,7 +10,10 @@ speed the run uses. Both are logged, on one basis: the same precision for both d
 
 FP8: the ceiling of an fp8 recipe is measured with fp8 GEMMs (`torch._scaled_mm` on e4m3 operands,
 bf16 output, unit scales: the kernel torchao's float8 linears call), which run about twice as fast
-as bf16 ones; a bf16 ceiling would let an fp8 run's MFU pass 1.0. Only chips with fp8 tensor
+as bf16 ones; a bf16 ceiling would let an fp8 run's MFU pass 1.0. It accumulates as torchao's
+forward GEMM does (`Float8LinearConfig().gemm_config_output.use_fast_accum`, True in torchao
+0.12-0.18; its backward GEMMs accumulate exactly, which is slower on Hopper): the fastest fp8 GEMM
+the recipe runs. Only chips with fp8 tensor
 cores have such a GEMM (CUDA compute capability >= 8.9: Ada, Hopper, Blackwell): anywhere else
 (`precision.recipes.fp8_matmul_native` is False: a CPU, an A100) fp8 is emulated by up-casting, there is no fp8
 ceiling to measure, and `ceiling_dtype` returns None (no `mfu_measured` for that run). FP4 has no
@@ -57,13 +60,24 @@ class MeasuredCeiling:
     seconds: float
 
 
+def fp8_forward_fast_accum() -> bool:
+    """Whether torchao's float8 linears accumulate their forward GEMM in fast mode (True when torchao is absent:
+    Transformer Engine's forward GEMM does too)."""
+    try:
+        from torchao.float8 import Float8LinearConfig
+    except ImportError:
+        return True
+    return Float8LinearConfig().gemm_config_output.use_fast_accum
+
+
 def measure_matmul_tflops(
     device: torch.device | str, dtype: torch.dtype, size: int | None = None, seconds: float = 0.5
 ) -> MeasuredCeiling:
     """TFLOP/s of repeated square matmuls in `dtype` on `device` for about `seconds` (after one warm-up).
 
     A float8 `dtype` runs `torch._scaled_mm` (e4m3 x e4m3 -> bf16, unit scales, the second operand
-    column-major as the kernel wants it); other dtypes a plain `a @ b`.
+    column-major as the kernel wants it, torchao's forward accumulation: `fp8_forward_fast_accum`); other
+    dtypes a plain `a @ b`.
     """
     device = torch.device(device)
     size = size or (8192 if device.type == "cuda" else 1024)
@@ -71,9 +85,10 @@ def measure_matmul_tflops(
         a = torch.randn(size, size, device=device).to(dtype)
         b = torch.randn(size, size, device=device).to(dtype).t()  # column-major
         one = torch.ones((), device=device)
+        fast = fp8_forward_fast_accum()
 
         def matmul():
-            return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+            return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=fast)
     else:
         a = torch.randn(size, size, device=device, dtype=dtype)
         b = torch.randn(size, size, device=device, dtype=dtype)

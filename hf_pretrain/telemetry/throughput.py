@@ -27,8 +27,10 @@ without `input_ids`, a config without `max_position_embeddings`) there are no FL
 One basis for both MFUs: numerator = model FLOPs (`modeling/accounting.py`: 6 x matmul parameters +
 attention over the keys each query really sees, windows honoured per layer; recomputation under
 activation checkpointing is not counted) x tokens per second per rank; denominator = one device's
-dense peak in the run's GEMM precision (`precision_of`: the recipe's for fp8/fp4 recipes, else the
-autocast dtype): the spec sheet's for `mfu_spec`, the measured ceiling's for `mfu_measured`.
+dense peak in the precision the run's GEMMs really run in (`precision_of`: the recipe's for fp8/fp4
+recipes, else the autocast dtype, else the dtype of the model's linear weights: a model cast to bf16
+without `bf16=True` runs bf16 GEMMs): the spec sheet's for `mfu_spec`, the measured ceiling's for
+`mfu_measured`.
 With an fp8 recipe the attention and the LM head still run in bf16, so both MFUs read lower than
 the same run would against a bf16 peak: compare recipes by tokens/s, and MFUs within one recipe.
 With packed documents the real context is shorter than the block, so MFU is a slight
@@ -40,6 +42,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import torch
+from torch import nn
 from transformers import TrainerState
 from transformers.utils import logging
 
@@ -53,12 +57,20 @@ from .timing import DeviceClock, PendingIntervals
 logger = logging.get_logger(__name__)
 
 
-def precision_of(args) -> str:
-    """The chip-table precision column of the run's matmuls: the recipe's `spec_key`, else the autocast dtype."""
-    recipe = getattr(args, "precision", None)
-    if recipe is not None:
-        return get_recipe(recipe).spec_key
-    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+WEIGHT_PRECISIONS = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def precision_of(args, model=None) -> str:
+    """The chip-table precision column of the run's matmuls: a low-precision recipe's `spec_key`, else the
+    autocast dtype (the recipe's, `bf16`, `fp16`), else the dtype of `model`'s linear weights (fp32 without one)."""
+    recipe = get_recipe(args.precision) if getattr(args, "precision", None) is not None else None
+    if recipe is not None and recipe.converts_linears:
+        return recipe.spec_key
+    autocast = recipe.autocast if recipe is not None else "bf16" if args.bf16 else "fp16" if args.fp16 else None
+    if autocast is not None:
+        return autocast
+    linears = (m for m in model.modules() if isinstance(m, nn.Linear)) if isinstance(model, nn.Module) else ()
+    return WEIGHT_PRECISIONS.get(next((m.weight.dtype for m in linears), None), "fp32")
 
 
 def sequence_length(trainer) -> int | None:
@@ -107,7 +119,7 @@ class ThroughputCallback(PretrainCallback):
                 self.flops_per_token = flops_per_token(config, self.seq_len)
             except (AttributeError, TypeError):  # not a Llama-like config
                 logger.info(f"MFU unavailable: no FLOPs-per-token formula for {type(config).__name__}.")
-        precision = precision_of(args)
+        precision = precision_of(args, model)
         name = device_name(args.device)
         self.spec = self.peak_tflops or spec_tflops(name, precision)
         if self.spec is None:

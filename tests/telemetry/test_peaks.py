@@ -63,3 +63,46 @@ def test_the_ceiling_is_measured_once_per_device_and_dtype(monkeypatch):
     assert [peaks.matmul_ceiling("cpu", torch.float32) for _ in range(3)] == [1.5] * 3
     peaks.matmul_ceiling("cpu", torch.bfloat16)
     assert calls == [torch.float32, torch.bfloat16]
+
+
+def test_the_fp8_ceiling_accumulates_as_torchao_forward_gemm(monkeypatch):
+    """torchao's float8 forward GEMM uses fast accumulation (its config, read from the installed torchao): the
+    fp8 ceiling is timed with the same setting, not `_scaled_mm`'s default (exact, slower on Hopper)."""
+    from torchao.float8 import Float8LinearConfig
+
+    from hf_pretrain.telemetry import peaks
+
+    calls = []
+
+    def scaled_mm(a, b, **kwargs):
+        calls.append(kwargs)
+        return torch.zeros(a.shape[0], b.shape[1], dtype=torch.bfloat16)
+
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
+    peaks.measure_matmul_tflops("cpu", torch.float8_e4m3fn, size=16, seconds=0.0)
+    expected = Float8LinearConfig().gemm_config_output.use_fast_accum
+    assert expected is True and calls and all(c.get("use_fast_accum") is expected for c in calls)
+
+
+def test_the_ceiling_follows_the_dtype_the_gemms_run_in(monkeypatch):
+    """A model cast to bf16 and trained without `bf16=True` runs bf16 GEMMs: its ceiling is a bf16 one (an fp32
+    ceiling with TF32 off would put mfu_measured ~10x too high on a GPU)."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    from hf_pretrain import PretrainForCausalLM
+    from hf_pretrain.telemetry import throughput
+    from tests.conftest import small_config
+
+    measured = []
+    monkeypatch.setattr(throughput, "matmul_ceiling", lambda device, dtype: measured.append(dtype) or 1.0)
+    args = SimpleNamespace(device=torch.device("cpu"), world_size=1, bf16=False, fp16=False, precision=None)
+    model = PretrainForCausalLM(small_config())
+    for weights, precision in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        callback = throughput.ThroughputCallback(seq_len=32, measure_ceiling=True)
+        callback.on_train_begin(args, TrainerState(), TrainerControl(), model=model.to(weights))
+        assert measured[-1] == weights and throughput.precision_of(args, model) == precision
+    # autocast and the recipe still decide first: bf16 autocast over fp32 weights, fp8 linears
+    assert throughput.precision_of(SimpleNamespace(precision=None, bf16=True, fp16=False), model) == "bf16"
+    assert throughput.precision_of(SimpleNamespace(precision="fp8", bf16=False, fp16=False), model) == "fp8"
