@@ -226,7 +226,12 @@ def estimate_memory(
     zero3_gathered = (weight + grad) * largest_unit if zero == 3 and gpus > 1 else 0
     mixed = weight < 4  # 16-bit weights with fp32 master states
     gradient_partition_fp32 = 4 * psi // gpus if zero >= 1 and mixed and not offload else 0
-    chunked_loss = getattr(config, "chunked_loss", True)
+    chunked_loss, no_chunked_loss = getattr(config, "chunked_loss", True), None
+    if chunked_loss:  # priced as the model will run it: only where the op (or Liger) is there (modeling/loss.py)
+        from ..modeling.loss import unavailable_reason  # (torch-free import of this module kept for the CLI)
+
+        no_chunked_loss = unavailable_reason("cuda")
+        chunked_loss = no_chunked_loss is None
     if fsdp2:  # the sharded fp32 parameter is the master; gradients in its dtype; only the unit computes in 16-bit
         parameters, gradients, optimizer_states = 4 * psi // gpus, 4 * psi // gpus, 8 * psi // gpus
         gradient_partition_fp32, chunked_loss = 0, False
@@ -246,6 +251,8 @@ def estimate_memory(
         )
     if not flash_attention:
         notes.append("no flash attention: the s x s softmax of every layer is kept for backward")
+    if no_chunked_loss:
+        notes.append(f"the full logits are priced: {no_chunked_loss}, so the model computes them")
     if fsdp2:
         notes.append(
             "FSDP2: fp32 shards are the master weights (16 B x Psi / N in every precision); the LM head is an "

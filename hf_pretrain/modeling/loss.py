@@ -8,11 +8,14 @@ the chunk; backward only scales the stored d hidden and d weight. So the head co
 at most one chunk of logits is alive, and `lm_head.weight` is read in the forward only (DeepSpeed ZeRO-3 gathers
 it there as an external parameter). The price: no double backward, and d hidden and d weight live until backward.
 
-No hand-written kernel or autograd: Liger-Kernel's `LigerFusedLinearCrossEntropyLoss` on CUDA when installed,
-else torch's `F.linear_cross_entropy` (torch >= 2.13; older: the full logits, with a warning), `CHUNK_LOGITS`
-logits per chunk. The math is `ForCausalLMLoss`'s (labels shifted with `ignore_index`, fp32 softmax, divided by
-`num_items_in_batch` or the count of targets); only the summation order differs. The alternatives and the chunk
-size: docs/model.md.
+No hand-written kernel or autograd (`implementation`: the one test the model and the memory estimator read):
+Liger-Kernel's `LigerFusedLinearCrossEntropyLoss` on CUDA when installed (the head's weight gradient summed over
+its chunks in fp32), else torch's `F.linear_cross_entropy` (torch >= 2.13; older: the full logits, with a warning),
+whose chunks' weight gradients are summed in the input dtype (in bf16, within the recursive-summation bound that
+tests/modeling/test_chunked_loss.py checks). Chunks (`chunk_rows`): `CHUNK_LOGITS` logits, but at least 512 tokens
+in whole 128-row GEMM tiles, so that a chunk is compute-bound although it re-reads the head. The math is
+`ForCausalLMLoss`'s (labels shifted with `ignore_index`, fp32 softmax, divided by `num_items_in_batch` or the count
+of targets); only the summation order differs. The alternatives and the chunk size: docs/model.md.
 """
 
 from __future__ import annotations
@@ -24,11 +27,15 @@ import torch.nn.functional as F
 from torch import nn
 
 CHUNK_LOGITS = 2**24  # logits per chunk: 64 MiB in fp32
+MIN_CHUNK_ROWS = 512  # tokens, a multiple of GEMM_ROWS: each chunk re-reads the head (module docstring)
+GEMM_ROWS = 128  # chunks are whole tiles of the tensor cores' GEMM kernels
 
 
 def chunk_rows(vocab_size: int, tokens: int) -> int:
-    """Tokens per chunk: `CHUNK_LOGITS` logits, at least 1 token, at most all of them."""
-    return max(1, min(tokens, CHUNK_LOGITS // vocab_size))
+    """Tokens per chunk: `CHUNK_LOGITS` logits, at least `MIN_CHUNK_ROWS`, in multiples of `GEMM_ROWS`; at most
+    all of the tokens."""
+    rows = max(MIN_CHUNK_ROWS, CHUNK_LOGITS // vocab_size // GEMM_ROWS * GEMM_ROWS)
+    return max(1, min(tokens, rows))
 
 
 def chunked_loss_bytes(vocab_size: int, hidden_size: int, tokens: int) -> int:
@@ -52,11 +59,19 @@ def liger_loss_class() -> type | None:
     return LigerFusedLinearCrossEntropyLoss
 
 
-def implementation(device: torch.device) -> str:
+def implementation(device: torch.device | str) -> str:
     """Which fused implementation runs on `device`: "liger", "torch" or "none" (full logits)."""
-    if device.type == "cuda" and liger_loss_class() is not None:
+    if torch.device(device).type == "cuda" and liger_loss_class() is not None:
         return "liger"
     return "torch" if torch_has_chunked_cross_entropy() else "none"
+
+
+def unavailable_reason(device: torch.device | str) -> str | None:
+    """Why the loss without logits cannot run on `device` with this torch (and Liger), or None when it can."""
+    if implementation(device) != "none":
+        return None
+    liger = " and Liger-Kernel is not installed" if torch.device(device).type == "cuda" else ""
+    return f"torch {torch.__version__} has no chunked linear_cross_entropy (torch >= 2.13){liger}"
 
 
 def causal_targets(labels: torch.Tensor | None, shift_labels: torch.Tensor | None, ignore_index: int) -> torch.Tensor:
@@ -69,7 +84,7 @@ def causal_targets(labels: torch.Tensor | None, shift_labels: torch.Tensor | Non
 def summed_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, ignore_index: int):
     """Sum over non-ignored rows of cross_entropy(hidden @ weight.T, targets), chunked; hidden [N, H], targets [N]."""
     if implementation(hidden.device) == "liger":
-        loss = liger_loss_class()(ignore_index=ignore_index, reduction="sum")
+        loss = liger_loss_class()(ignore_index=ignore_index, reduction="sum", accum_dtype=torch.float32)
         return loss(weight, hidden, targets)
     rows = chunk_rows(weight.shape[0], hidden.shape[0])
     options = nn.LinearCrossEntropyOptions(

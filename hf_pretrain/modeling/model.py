@@ -61,7 +61,7 @@ from .attention import (
     plan_attention,
 )
 from .configuration import PretrainConfig
-from .loss import causal_lm_loss, implementation
+from .loss import causal_lm_loss, unavailable_reason
 from .moe import MoEMetrics, PretrainExperts, PretrainMoE, PretrainMoeCausalLMOutput, PretrainRouter, routing_statistics
 
 logger = logging.get_logger(__name__)
@@ -416,9 +416,7 @@ class PretrainForCausalLM(PretrainPreTrainedModel, GenerationMixin):
             return "lm_head has forward hooks that a fused loss would bypass"
         if self.loss_function is not ForCausalLMLoss:
             return f"the model's loss_function is {getattr(self.loss_function, '__name__', self.loss_function)}"
-        if implementation(head.weight.device) == "none":
-            return f"torch {torch.__version__} has no chunked linear_cross_entropy (torch >= 2.13)"
-        return None
+        return unavailable_reason(head.weight.device)
 
     def _moe_output(self, outputs, logits, loss, attention_mask, labels, kwargs) -> PretrainMoeCausalLMOutput:
         """Routing losses and statistics; in training the weighted losses join the LM loss.

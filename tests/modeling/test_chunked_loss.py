@@ -26,6 +26,8 @@ MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 def small_chunks(monkeypatch):
     """8 tokens per chunk at the test vocabulary of 128, so every batch here spans several chunks."""
     monkeypatch.setattr(fused_loss, "CHUNK_LOGITS", 8 * 128)
+    monkeypatch.setattr(fused_loss, "MIN_CHUNK_ROWS", 1)
+    monkeypatch.setattr(fused_loss, "GEMM_ROWS", 1)
 
 
 def twins(**overrides) -> tuple[PretrainForCausalLM, PretrainForCausalLM]:
@@ -204,6 +206,85 @@ def test_config_flag_validated_saved_and_left_out_of_the_export(tmp_path):
     ids = torch.randint(0, 128, (2, 24))
     with torch.no_grad():
         assert (fused.eval()(ids).logits - llama(ids).logits).abs().max().item() <= 1e-5
+
+
+def test_chunks_are_whole_gemm_tiles_of_at_least_512_rows(monkeypatch):
+    """At a 128k vocabulary 64 MiB of logits is 130 rows: GEMMs of one full and one 2 %-used tile. The rule keeps
+    chunks at >= 512 rows in multiples of 128 (the module docstring says why), and never more than the tokens."""
+    monkeypatch.undo()  # the module's own constants, not the small chunks of this file
+    for vocab in (32_000, 32_768, 50_304, 128_256, 262_144):
+        rows = fused_loss.chunk_rows(vocab, 16_384)
+        assert rows >= 512 and rows % 128 == 0 and rows * vocab <= max(fused_loss.CHUNK_LOGITS, 512 * vocab), vocab
+    assert fused_loss.chunk_rows(128_256, 16_384) == 512 and fused_loss.chunk_rows(4096, 16_384) == 4096
+    assert fused_loss.chunk_rows(128_256, 300) == 300  # fewer tokens than a chunk: one chunk of all of them
+
+
+def test_liger_sums_the_head_weight_gradient_in_fp32(monkeypatch):
+    """Liger-Kernel runs on CUDA only; its documented `accum_dtype` is what hf_pretrain must pass (by default it
+    accumulates in the weight's dtype: bf16 under autocast). A stand-in records the construction."""
+    made = []
+
+    class Recorder(nn.Module):
+        def __init__(self, **kwargs):
+            super().__init__()
+            made.append(kwargs)
+
+        def forward(self, weight, hidden, targets):
+            return nn.functional.cross_entropy(hidden @ weight.T, targets, reduction="sum", ignore_index=-100)
+
+    monkeypatch.setattr(fused_loss, "liger_loss_class", lambda: Recorder)
+    monkeypatch.setattr(fused_loss, "implementation", lambda device: "liger")
+    hidden, weight = torch.randn(6, 8), torch.randn(16, 8)
+    fused_loss.summed_cross_entropy(hidden, weight, torch.randint(0, 16, (6,)), -100)
+    assert made == [{"ignore_index": -100, "reduction": "sum", "accum_dtype": torch.float32}]
+
+
+def test_torch_op_bf16_head_gradient_error_is_within_the_summation_bound(monkeypatch):
+    """torch's op sums the chunks' weight gradients in the input dtype. In bf16 (unit roundoff u = 2**-8) the
+        k chunks' sum, rounded after each addition, differs from the exact sum by at most u x the sum of the
+        partial sums' magnitudes (recursive summation, Higham 2002, section 4.2): checked element by element
+        against the exact (fp64) per-chunk gradients of the same bf16 inputs. The bound grows with k, which the chunk
+    size keeps small (`chunk_rows`); Liger's path sums in fp32 instead (the test above)."""
+    vocab, hidden_size, tokens, rows = 256, 32, 1024, 64
+    monkeypatch.setattr(fused_loss, "CHUNK_LOGITS", rows * vocab)
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(tokens, hidden_size, generator=g).bfloat16().requires_grad_()
+    weight = (0.1 * torch.randn(vocab, hidden_size, generator=g)).bfloat16().requires_grad_()
+    targets = torch.randint(0, vocab, (tokens,), generator=g)
+    targets[::7] = -100
+    fused_loss.summed_cross_entropy(hidden, weight, targets, -100).backward()
+    assert weight.grad.dtype == torch.bfloat16
+
+    h, w = hidden.detach().double(), weight.detach().double()
+    probabilities = (h @ w.T).softmax(-1)
+    valid = targets != -100
+    probabilities[valid, targets[valid]] -= 1
+    probabilities[~valid] = 0
+    chunks = [probabilities[i : i + rows].T @ h[i : i + rows] for i in range(0, tokens, rows)]
+    partial = torch.stack(chunks).cumsum(0)
+    exact = partial[-1]
+    bound = 2**-8 * partial.abs().sum(0) + 2**-20 * torch.stack(chunks).abs().sum(0)  # + the fp32 chunk GEMMs
+    error = (weight.grad.double() - exact).abs()
+    assert len(chunks) == 16 and (error <= bound).all(), (error - bound).max()
+    assert (error > 2**-8 * exact.abs()).any()  # more than one rounding's error somewhere: the bound is not idle
+
+
+def test_estimate_and_model_both_fall_back_where_no_chunked_op_runs(monkeypatch):
+    """Torch 2.11 (the GPU machine's) has no linear_cross_entropy and Liger is absent there: the model computes
+    the full logits, and the memory estimate prices them (it priced the chunked loss, ~7 % low at 1.4B)."""
+    from hf_pretrain.distributed.memory import estimate_memory
+
+    chunked = estimate_memory(small_config(), 0, 1, "bf16", 64, 2)
+    monkeypatch.setattr(fused_loss, "torch_has_chunked_cross_entropy", lambda: False)
+    assert fused_loss.liger_loss_class() is None  # (not installed here)
+    fused, _ = twins()
+    ids = torch.randint(0, 128, (2, 24))
+    assert "no chunked linear_cross_entropy" in fused._fused_loss_unavailable()
+    assert fused(input_ids=ids, labels=ids).logits is not None  # the full logits, with a warning
+    full = estimate_memory(small_config(), 0, 1, "bf16", 64, 2)
+    assert chunked.chunked_loss and not full.chunked_loss
+    assert full.logits == 12 * 2 * 64 * 128 != chunked.logits
+    assert any("full logits are priced" in note for note in full.notes)
 
 
 def dataset(n=16, seq=32) -> Dataset:
