@@ -3,7 +3,8 @@
 `slow_linears` makes one rank slow *inside* its linear layers (a forward hook on each), where both
 straggler rules look: DDP's compute measure and ZeRO-3's / FSDP2's per-linear `local_s`. On a GPU
 the device sleeps (`torch.cuda._sleep`), the way a slow GPU is slow while its host is not; on a CPU
-the host spins, so that the rank's CPU time shows it. It lives here rather than in tests/ because
+the host spins for that much of its own CPU time (what a slower CPU would take), which is what a CPU
+rank's clock reads (`DeviceClock.work_mark`) however loaded the machine is. It lives here rather than in tests/ because
 benchmarks/gpu_check.py uses it and benchmarks do not import the tests.
 """
 
@@ -55,8 +56,8 @@ def slow_linears(model: torch.nn.Module, rank: int, seconds: float) -> int:
         if device.type == "cuda":
             device_sleep(each, device)
             return
-        end = time.perf_counter() + each
-        while time.perf_counter() < end:
+        end = time.thread_time() + each
+        while time.thread_time() < end:
             pass
 
     for linear in linears:

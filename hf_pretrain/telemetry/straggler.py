@@ -14,10 +14,13 @@ step or more later so that nothing stalls; the host clock on a CPU):
   optimizer, the token-count gathers (on a GPU `compute_s + wait_s = step_s`; on a CPU the time it
   was preempted inside its compute is in neither);
 - `local_s`: the forward time of its linear layers (`nn.Linear`, torchao's and Transformer Engine's
-  low-precision ones), each timed on its own (a pre- and a post-forward hook per linear), summed. No engine puts a collective *inside* a linear's forward:
-  DeepSpeed ZeRO-3 and FSDP gather a module's weights in hooks that run before ours, DDP and
-  ZeRO-1/2 communicate in backward or the optimizer. So `local_s` is this rank's own matmul work
-  under every engine, never a wait;
+  low-precision ones), each timed on its own (a pre- and a post-forward hook per linear), summed,
+  on the last `LOCAL_SAMPLES` (3) steps of each exchange window only: the hooks are registered
+  for those steps and removed after them, so the other steps pay nothing for them (all callbacks
+  together stay under 1 % of a step: benchmarks/telemetry_overhead.py). No engine puts a
+  collective *inside* a linear's forward: DeepSpeed ZeRO-3 and FSDP gather a module's weights in
+  hooks that run before ours, DDP and ZeRO-1/2 communicate in backward or the optimizer. So
+  `local_s` is this rank's own matmul work under every engine, never a wait;
 - `data_wait_s`: from the end of the previous step to the start of this one (the data loader, the
   previous step's logging, evaluation or saving), on the device clock: time the device idled.
 
@@ -31,7 +34,8 @@ exposes them), and when something fires: `straggler_warning` (text, the first si
 log), `straggler_warnings` (how many exchanges flagged one since then), `straggler_slowest_rank`,
 and `underclock_warning` / `underclock_rank` for another rank's under-clock.
 
-A slow rank is injected by the tests (`tests/training/faults.py`, `slow_down_rank`), not by a switch here.
+A slow rank is injected by the tests and gpu_check (`benchmarks/gpu/faults.py`, `slow_linears`), not by a
+switch here.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from .timing import DeviceClock, PendingIntervals
 from .underclock import UnderclockCallback, underclock_warning
 
 logger = logging.get_logger(__name__)
+LOCAL_SAMPLES = 3  # steps per exchange window (its last ones) whose linears are timed
 
 
 def _hook_ddp(model) -> bool:
@@ -119,6 +124,7 @@ class StragglerCallback(PretrainCallback):
         self.warnings: list[tuple[int, str]] = []
         self._pending: dict = {}
         self._handles: list = []
+        self._linears: list = []
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.rank, self.world = args.process_index, args.world_size
@@ -129,32 +135,38 @@ class StragglerCallback(PretrainCallback):
         self.window: dict[str, list[float]] = {k: [] for k in TIMES}
         self._last_end = self._begin = None
         self._ready = None
-        self._in_step = False
+        self._sampled = False
         wrapped = getattr(self.trainer, "model_wrapped", None)
         self.hooked = _hook_ddp(wrapped)
         if self.hooked:
             wrapped._hf_pretrain_timer = self
         self.wait_free = self.hooked or self.world == 1
-        self._hook_linears(getattr(self.trainer, "model", None) or kwargs.get("model"), wrapped)
+        self._remove_hooks()
+        self._linears = self._timed_linears(getattr(self.trainer, "model", None) or kwargs.get("model"), wrapped)
         self.hosts = self._gather_hosts() if self.world > 1 else [self.host]
 
-    def _hook_linears(self, model, wrapped) -> None:
-        self._remove_hooks()
+    def _timed_linears(self, model, wrapped) -> list:
+        """The linears whose forward `local_s` times: none under torch.compile (hooks would break its graph)."""
         if model is None or _compiled(self.trainer, wrapped):
-            return
+            return []
         # Not the LM head: a hook there would turn off the chunked loss (modeling/loss.py), which never calls it.
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        for module in model.modules():
-            if _is_linear(module) and module is not head:
-                self._handles.append(module.register_forward_pre_hook(self._linear_begin))
-                self._handles.append(module.register_forward_hook(self._linear_end))
+        return [module for module in model.modules() if _is_linear(module) and module is not head]
+
+    def times_linears(self, step: int) -> bool:
+        """Whether optimizer step `step` (1-based) times its linears: the last `LOCAL_SAMPLES` of each window."""
+        return (-step) % self.every < LOCAL_SAMPLES
+
+    def _hook_linears(self) -> None:
+        for module in self._linears:
+            self._handles.append(module.register_forward_pre_hook(self._linear_begin))
+            self._handles.append(module.register_forward_hook(self._linear_end))
 
     def _linear_begin(self, module, args):
-        if self._in_step:
-            self._linear_start = self.clock.work_mark()
+        self._linear_start = self.clock.work_mark()
 
     def _linear_end(self, module, args, output):
-        if self._in_step and self._linear_start is not None:
+        if self._linear_start is not None:
             self._local.append((self._linear_start, self.clock.work_mark()))
             self._linear_start = None
 
@@ -174,7 +186,9 @@ class StragglerCallback(PretrainCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         self._begin = self.clock.mark()
         self._micro, self._micro_wall, self._local, self._linear_start = [], [], [], None
-        self._in_step = True
+        self._sampled = bool(self._linears) and self.times_linears(state.global_step + 1)
+        if self._sampled:
+            self._hook_linears()
 
     def _marks(self) -> tuple:
         """(wall, work) marks of one instant: one CUDA event for both on a GPU."""
@@ -198,21 +212,25 @@ class StragglerCallback(PretrainCallback):
         self._ready = None
 
     def on_step_end(self, args, state, control, **kwargs):
+        self._remove_hooks()
         if self._begin is None:  # a step whose begin we did not see (attached mid-step)
             return
         end = self.clock.mark()
-        record = {"step": (self._begin, end), "compute": self._micro, "local": self._local}
+        record = {"step": (self._begin, end), "compute": self._micro}
         record["compute_wall"] = self._micro if self.clock.cuda else self._micro_wall  # (one set of events on a GPU)
+        if self._sampled:
+            record["local"] = self._local
         if self._last_end is not None:
             record["data_wait"] = (self._last_end, self._begin)
         self.steps.push(record)
-        self._last_end, self._begin, self._in_step = end, None, False
+        self._last_end, self._begin = end, None
         for done in self.steps.pop_done():
             step = done["step"]
             compute = min(done["compute"], step) if done["compute"] > 0 else step
             compute_wall = min(done["compute_wall"], step) if done["compute_wall"] > 0 else step
             self.window["compute_s"].append(compute)
-            self.window["local_s"].append(done["local"])
+            if "local" in done:
+                self.window["local_s"].append(done["local"])
             self.window["wait_s"].append(step - compute_wall)
             self.window["data_wait_s"].append(done.get("data_wait", 0.0))
             self.window["step_s"].append(step)

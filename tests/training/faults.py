@@ -1,10 +1,7 @@
-"""Faults injected by tests into real runs (never by the library): a NaN or spiking loss, a save held open, a slow
-rank. Also used by benchmarks/gpu_check.py."""
+"""Faults injected by tests into real runs (never by the library): a NaN or spiking loss, a save held open. The slow
+rank, which benchmarks/gpu_check.py injects too, is `slow_linears` in benchmarks/gpu/faults.py."""
 
-import os
 import time
-
-import torch
 
 from hf_pretrain import PretrainTrainer
 
@@ -48,38 +45,3 @@ class SlowSaveTrainer(PretrainTrainer):
         if self.slow_save and self.slow_save[0] == self.state.global_step:
             time.sleep(self.slow_save[1])
         return super()._save_optimizer_and_scheduler(output_dir)
-
-
-def slow_down_rank(model: torch.nn.Module, rank: int, seconds: float) -> None:
-    """Make the process of global `rank` slow by `seconds` at the start of every forward of `model` (a pre-hook).
-
-    On a GPU the device sleeps (`torch.cuda._sleep`, its cycles per second measured once), the way a slow GPU is
-    slow while its host is not; on a CPU the host works (spins) that long, so that its CPU time shows it."""
-    if seconds <= 0 or int(os.environ.get("RANK", "0")) != rank:
-        return
-    cycles: list[int] = []
-
-    def slow(module, args):
-        device = next(module.parameters()).device
-        if device.type == "cuda":
-            if not cycles:
-                cycles.append(int(_cycles_per_second(device) * seconds))
-            torch.cuda._sleep(cycles[0])
-            return
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            pass
-
-    model.register_forward_pre_hook(slow)
-
-
-def _cycles_per_second(device: torch.device) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    cycles = 10_000_000
-    with torch.cuda.device(device):
-        torch.cuda._sleep(cycles)  # warm-up
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-    return cycles / (start.elapsed_time(end) / 1000)
