@@ -2,8 +2,10 @@
 
 Rounds alternate ABBA between `PretrainTrainer` with extras and telemetry on (throughput/MFU,
 sensors, under-clock, straggler, JSONL; logging every 10 steps) and with `pretrain_extras=False`
-(plain Trainer behaviour), on the same model shape and data; prints the median step times and
-the overhead ratio (goal: <= 1.01).
+(plain Trainer behaviour), on the same model shape and data; prints the median step times, the
+overhead ratio (goal: <= 1.01) and its spread: the ratio of each round's two runs, min to max (on a
+shared machine the spread says how far one ratio can be trusted). benchmarks/gpu/telemetry_overhead.py
+runs the same on a GPU.
 
     python benchmarks/telemetry_overhead.py [--rounds 4] [--steps 30]
 """
@@ -16,7 +18,6 @@ import tempfile
 import time
 
 import torch
-from datasets import Dataset
 from transformers import PrinterCallback, TrainerCallback
 
 from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer, get_preset
@@ -25,36 +26,41 @@ from hf_pretrain.data import PackedDocumentCollator
 
 class StepTimer(TrainerCallback):
     """Time from one step's start to the next one's: the other callbacks' step-end work, logging and
-    the JSONL writes of the previous step all fall inside it (the first interval is warm-up)."""
+    the JSONL writes of the previous step all fall inside it (the first interval is warm-up). On a GPU
+    the step is synchronised first, so that the interval is the device's work, not the host's enqueue."""
 
     def __init__(self):
         self.times: list[float] = []
         self._start = None
 
     def on_step_begin(self, args, state, control, **kwargs):
+        if args.device.type == "cuda":
+            torch.cuda.synchronize(args.device)
         now = time.perf_counter()
         if self._start is not None and state.global_step > 1:
             self.times.append(now - self._start)
         self._start = now
 
 
-def time_steps(extras: bool, data, steps: int) -> list[float]:
+def time_steps(extras: bool, data, steps: int, preset: str = "tiny", batch: int = 8, **arguments) -> list[float]:
+    """Seconds of each of `steps` optimizer steps of `preset` on `data` (rows of token ids), extras on or off."""
     torch.manual_seed(0)
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as out:
         args = PretrainingArguments(
             output_dir=out,
             max_steps=steps + 1,
-            per_device_train_batch_size=8,
+            per_device_train_batch_size=batch,
             logging_steps=10,
             report_to="none",
             save_strategy="no",
             disable_tqdm=True,
             pretrain_extras=extras,
             attn_fallback="ignore",
+            **arguments,
         )
         trainer = PretrainTrainer(
-            model=PretrainForCausalLM(get_preset("tiny")),
+            model=PretrainForCausalLM(get_preset(preset)),
             args=args,
             train_dataset=data,
             data_collator=PackedDocumentCollator(2),
@@ -65,23 +71,40 @@ def time_steps(extras: bool, data, steps: int) -> list[float]:
     return timer.times
 
 
+def overhead(rounds: int, run) -> dict:
+    """`run(extras)` -> step times, alternated ABBA over `rounds`: median step times, their ratio, and the spread
+    of the per-round ratios (each round's median with callbacks / its median without)."""
+    times, ratios = {True: [], False: []}, []
+    for round_index in range(rounds):
+        medians = {}
+        for extras in (True, False) if round_index % 2 == 0 else (False, True):
+            steps = run(extras)
+            times[extras] += steps
+            medians[extras] = statistics.median(steps)
+        ratios.append(medians[True] / medians[False])
+    on, off = statistics.median(times[True]), statistics.median(times[False])
+    return {"on": on, "off": off, "ratio": on / off, "round_ratios": ratios, "steps": len(times[True])}
+
+
+def describe(result: dict) -> str:
+    spread = result["round_ratios"]
+    return (
+        f"with callbacks {result['on'] * 1e3:.1f} ms/step, without {result['off'] * 1e3:.1f} ms/step, "
+        f"overhead ratio {result['ratio']:.3f} (rounds {min(spread):.3f}-{max(spread):.3f}; "
+        f"{result['steps']} steps each)"
+    )
+
+
 def main(argv=None) -> float:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=30)
     a = parser.parse_args(argv)
     ids = torch.randint(3, 4096, (8 * (a.steps + 1), 256))
-    data = Dataset.from_dict({"input_ids": ids.tolist()})
-    times = {True: [], False: []}
-    for round_index in range(a.rounds):
-        for extras in (True, False) if round_index % 2 == 0 else (False, True):
-            times[extras] += time_steps(extras, data, a.steps)
-    on, off = statistics.median(times[True]), statistics.median(times[False])
-    print(
-        f"tiny, seq 256, batch 8, CPU fp32: with callbacks {on * 1e3:.1f} ms/step, without {off * 1e3:.1f} ms/step, "
-        f"overhead ratio {on / off:.3f} ({len(times[True])} steps each)"
-    )
-    return on / off
+    data = [{"input_ids": row} for row in ids.tolist()]
+    result = overhead(a.rounds, lambda extras: time_steps(extras, data, a.steps))
+    print(f"tiny, seq 256, batch 8, CPU fp32: {describe(result)}")
+    return result["ratio"]
 
 
 if __name__ == "__main__":

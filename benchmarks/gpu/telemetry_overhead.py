@@ -1,0 +1,29 @@
+"""`telemetry_overhead`: step time with all of hf_pretrain's callbacks on against extras off, on the GPU in bf16
+(benchmarks/telemetry_overhead.py's rounds, ABBA): the per-linear events and hooks of the straggler callback,
+the throughput events and the sensors, at a size where the step is short (gpt2-124m)."""
+
+from __future__ import annotations
+
+from .common import Context, free_memory, old_transformers, packed_rows, require, trainer_missing
+
+GOAL = "step time with callbacks / without <= 1.01"
+
+
+def run(ctx: Context) -> dict:
+    require(old_transformers(), trainer_missing())
+    from benchmarks.telemetry_overhead import describe, overhead, time_steps
+    from hf_pretrain import get_preset
+
+    s = ctx.sizes
+    config = get_preset(s.overhead_preset)
+    data = packed_rows(config.vocab_size, s.overhead_seq, s.overhead_batch * (s.overhead_steps + 1))
+    arguments = dict(bf16=ctx.cuda, use_cpu=not ctx.cuda, dataloader_num_workers=0)
+
+    def steps(extras: bool) -> list[float]:
+        times = time_steps(extras, data, s.overhead_steps, s.overhead_preset, s.overhead_batch, **arguments)
+        free_memory()
+        return times
+
+    result = overhead(s.overhead_rounds, steps)
+    text = f"{s.overhead_preset} seq {s.overhead_seq} x {s.overhead_batch}: {describe(result)}"
+    return {"result": text, "value": result["ratio"], "pass": ctx.judge(result["ratio"] <= 1.01), "details": result}
