@@ -11,7 +11,7 @@
 #   datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19
 #                         PretrainTrainer imports hf_pretrain.data, which reads with datasets (mfu_bf16,
 #                         straggler_2proc, telemetry_overhead); pyarrow, pandas, xxhash, fsspec are there. datasets 5.2
-#                         declares pyarrow >= 24 and fsspec <= 2026.9.0: gpu_check's env row prints both versions
+#                         declares pyarrow >= 24 and fsspec <= 2026.9.0: gpu_check.json's env details give both
 #   torchao 0.18.0        the fp8 recipe (fp8_vs_bf16): the release built for torch >= 2.11 (its C++ extensions load
 #                         only there); float8 training itself runs torch._scaled_mm from Python
 #   liger-kernel 0.8.5    torch 2.11 has no F.linear_cross_entropy: without Liger the model computes the full logits

@@ -22,14 +22,15 @@ SLEEP_CYCLES = 50_000_000  # about 25-50 ms on current GPUs: long enough that la
 @functools.cache
 def sleep_cycles_per_second(device_index: int = 0) -> float:
     """GPU clock cycles `torch.cuda._sleep` spins per second, measured with the host clock around a synchronised
-    sleep (not with CUDA events: the tests use this to check the events)."""
+    sleep (not with CUDA events: the tests use this to check the events). `_sleep` counts SM cycles, so the clock
+    is brought up from idle first (an idle H200 sits at 345 of 1980 MHz) by a sleep as long as the measured one."""
     with torch.cuda.device(device_index):
-        torch.cuda._sleep(SLEEP_CYCLES // 10)  # warm-up: the kernel's first launch
+        torch.cuda._sleep(SLEEP_CYCLES)  # the kernel's first launch, and the SM clock up from idle
         torch.cuda.synchronize()
         start = time.perf_counter()
-        torch.cuda._sleep(SLEEP_CYCLES)
+        torch.cuda._sleep(2 * SLEEP_CYCLES)
         torch.cuda.synchronize()
-        return SLEEP_CYCLES / (time.perf_counter() - start)
+        return 2 * SLEEP_CYCLES / (time.perf_counter() - start)
 
 
 def device_sleep(seconds: float, device: torch.device | None = None) -> None:

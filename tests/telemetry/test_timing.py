@@ -140,8 +140,9 @@ def test_an_fp8_recipe_without_fp8_tensor_cores_gets_no_measured_mfu(caplog):
 def test_cuda_events_time_a_known_device_duration_not_the_enqueue():
     """A kernel of known length (`torch.cuda._sleep`, its rate calibrated on the host clock) between two marks:
     the interval is its duration, while the host returned long before the device finished."""
-    from benchmarks.gpu.faults import device_sleep
+    from benchmarks.gpu.faults import device_sleep, sleep_cycles_per_second
 
+    sleep_cycles_per_second()  # calibrated before the timed enqueues
     clock = DeviceClock("cuda")
     pending = PendingIntervals(clock)
     for expected in (0.02, 0.08):
@@ -162,8 +163,9 @@ def test_cuda_events_time_a_known_device_duration_not_the_enqueue():
 @gpu
 @pytest.mark.gpu
 def test_reading_an_incomplete_cuda_event_waits_for_it():
-    from benchmarks.gpu.faults import device_sleep
+    from benchmarks.gpu.faults import device_sleep, sleep_cycles_per_second
 
+    sleep_cycles_per_second()
     clock = DeviceClock("cuda")
     torch.cuda.synchronize()
     start = clock.mark()
