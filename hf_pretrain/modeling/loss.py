@@ -10,7 +10,7 @@ it there as an external parameter). The price: no double backward, and d hidden 
 
 No hand-written kernel or autograd (`implementation`: the one test the model and the memory estimator read):
 Liger-Kernel's `LigerFusedLinearCrossEntropyLoss` on CUDA when installed (the head's weight gradient summed over
-its chunks in fp32), else torch's `F.linear_cross_entropy` (torch >= 2.13; older: the full logits, with a warning),
+its chunks in fp32: Liger >= 0.6.2), else torch's `F.linear_cross_entropy` (torch >= 2.13; older: the full logits, with a warning),
 whose chunks' weight gradients are summed in the input dtype (in bf16, within the recursive-summation bound that
 tests/modeling/test_chunked_loss.py checks). Chunks (`chunk_rows`): `CHUNK_LOGITS` logits, but at least 512 tokens
 in whole 128-row GEMM tiles, so that a chunk is compute-bound although it re-reads the head. The math is

@@ -16,8 +16,8 @@ step or more later so that nothing stalls; the host clock on a CPU):
 - `local_s`: the forward time of its linear layers (`nn.Linear`, torchao's and Transformer Engine's
   low-precision ones), each timed on its own (a pre- and a post-forward hook per linear), summed,
   on the last `LOCAL_SAMPLES` (3) steps of each exchange window only: the hooks are registered
-  for those steps and removed after them, so the other steps pay nothing for them (all callbacks
-  together stay under 1 % of a step: benchmarks/telemetry_overhead.py). No engine puts a
+  for those steps and removed after them, so the other steps pay nothing for them
+  (benchmarks/telemetry_overhead.py measures what all callbacks cost). No engine puts a
   collective *inside* a linear's forward: DeepSpeed ZeRO-3 and FSDP gather a module's weights in
   hooks that run before ours, DDP and ZeRO-1/2 communicate in backward or the optimizer. So
   `local_s` is this rank's own matmul work under every engine, never a wait;
@@ -158,6 +158,7 @@ class StragglerCallback(PretrainCallback):
         return (-step) % self.every < LOCAL_SAMPLES
 
     def _hook_linears(self) -> None:
+        self._remove_hooks()
         for module in self._linears:
             self._handles.append(module.register_forward_pre_hook(self._linear_begin))
             self._handles.append(module.register_forward_hook(self._linear_end))
