@@ -9,11 +9,11 @@ at most one chunk of logits is alive, and `lm_head.weight` is read in the forwar
 it there as an external parameter). The price: no double backward, and d hidden and d weight live until backward.
 
 No hand-written kernel or autograd (`implementation`: the one test the model and the memory estimator read):
-Liger-Kernel's `LigerFusedLinearCrossEntropyLoss` on CUDA when installed (the head's weight gradient summed over
-its chunks in fp32: Liger >= 0.6.2), else torch's `F.linear_cross_entropy` (torch >= 2.13; older: the full logits, with a warning),
-whose chunks' weight gradients are summed in the input dtype (in bf16, within the recursive-summation bound that
-tests/modeling/test_chunked_loss.py checks). Chunks (`chunk_rows`): `CHUNK_LOGITS` logits, but at least 512 tokens
-in whole 128-row GEMM tiles, so that a chunk is compute-bound although it re-reads the head. The math is
+Liger-Kernel's `LigerFusedLinearCrossEntropyLoss` on CUDA when installed (the head's weight gradient summed over its
+chunks in fp32: Liger >= 0.6.2), else torch's `F.linear_cross_entropy` (torch >= 2.13; older: the full logits, with
+a warning), whose chunks' weight gradients are summed in the input dtype (in bf16, within the recursive-summation
+bound that tests/modeling/test_chunked_loss.py checks). Chunks (`chunk_rows`): `CHUNK_LOGITS` logits, but at least
+512 tokens in whole 128-row GEMM tiles, so that a chunk is compute-bound although it re-reads the head. The math is
 `ForCausalLMLoss`'s (labels shifted with `ignore_index`, fp32 softmax, divided by `num_items_in_batch` or the count
 of targets); only the summation order differs. The alternatives and the chunk size: docs/model.md.
 """
