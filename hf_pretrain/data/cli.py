@@ -5,7 +5,7 @@ hf-pretrain data filter --input clean/ --output filtered/ --model runs/small --t
 hf-pretrain data dedup --input filtered/ --output dedup/ [--threshold 0.8 --num-perm 128]
 hf-pretrain data train-tokenizer --input dedup/ --output tok/ --vocab-size 32768
 hf-pretrain data pack --input dedup/ --tokenizer tok/ --output packed/ --seq-len 4096 --mode best_fit
-hf-pretrain data prepare pipeline.json
+hf-pretrain data prepare pipeline.json [--executor local|slurm|ray --tasks 64 --workers 8]
 
 Inputs: jsonl / json / txt / md files (also compressed: .gz .bz2 .xz .zst), parquet / arrow files,
 folders of them, or `save_to_disk` folders (the output of an earlier step). Each step writes an
@@ -16,6 +16,7 @@ the summary table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -156,8 +157,17 @@ def prepare(argv: list[str]) -> list[BlockStats]:
 
     parser = argparse.ArgumentParser(prog="hf-pretrain data prepare", description="Run the whole chain from a config.")
     parser.add_argument("config", help="a JSON file with PipelineConfig fields (see docs/data.md)")
+    parser.add_argument("--executor", choices=("local", "slurm", "ray"), help="run as tasks on datatrove's executor")
+    parser.add_argument("--tasks", type=int, help="with --executor: number of shards (tasks)")
+    parser.add_argument("--workers", type=int, help="with --executor: tasks running at once")
     args = parser.parse_args(argv)
-    return run_pipeline(PipelineConfig.from_file(args.config))
+    config = PipelineConfig.from_file(args.config)
+    flags = {k: v for k, v in (("kind", args.executor), ("tasks", args.tasks), ("workers", args.workers)) if v}
+    if flags:
+        if config.executor is None and "kind" not in flags:
+            raise ValueError("--tasks / --workers need --executor local|slurm|ray (or an executor section).")
+        config = dataclasses.replace(config, executor={**(config.executor or {}), **flags})
+    return run_pipeline(config)
 
 
 COMMANDS = {

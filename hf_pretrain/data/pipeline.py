@@ -35,7 +35,7 @@ import os
 import shutil
 from pathlib import Path
 
-from datasets import Dataset, DatasetDict, load_from_disk
+from datasets import Dataset, DatasetDict, concatenate_datasets, load_from_disk
 
 from .blocks import BlockStats, from_pretrained
 from .pipeline_config import PipelineConfig
@@ -184,53 +184,73 @@ class Pipeline:
         return [stats]
 
     def _tokenizer(self, split_dir: Path, folder: Path) -> list[BlockStats]:
-        from .tokenizer import measure_bytes_per_token, train_tokenizer
-
         c = self.config
         splits = load_from_disk(str(split_dir / "data"))
-        options = dict(c.tokenizer)
         heldout = list(splits["heldout"][c.text_column][:1000])
-        if "path" in options:  # an existing tokenizer: copy it, measure it
-            from transformers import AutoTokenizer
-
-            tokenizer = from_pretrained(AutoTokenizer, options["path"], "path")
-            tokenizer.save_pretrained(str(folder / "tokenizer"))
-            extra = {"reused": options["path"], "vocab_size": len(tokenizer)}
-            extra.update(measure_bytes_per_token(tokenizer, heldout, splits["train"], c.text_column))
-            return [BlockStats("tokenizer", extra=extra)]
-        _, stats = train_tokenizer(
-            splits["train"], folder / "tokenizer", text_column=c.text_column, heldout_texts=heldout, **options
-        )
-        return [stats]
+        return make_tokenizer(splits["train"], heldout, c.tokenizer, folder, c.text_column)
 
     def _pack(self, split_dir: Path, tok_dir: Path, folder: Path) -> list[BlockStats]:
         from transformers import AutoTokenizer
 
-        from .packing import Pack
-
-        c = self.config
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir / "tokenizer"))
         splits = load_from_disk(str(split_dir / "data"))
-        out = []
-        for split in ("train", "heldout"):
-            if split == "heldout" and len(splits[split]) == 0:
-                continue
-            pack = Pack(tokenizer, text_column=c.text_column, **c.pack)
-            pack.name = f"pack {split}"
-            try:
-                pack.run(splits[split], num_proc=c.num_proc).save_to_disk(str(folder / split))
-            except ValueError as err:
-                if split == "train":
-                    raise
-                skipped = {"skipped": str(err)}  # too little held-out text for one block: no evaluation data
-                out.append(BlockStats(pack.name, documents_in=len(splits[split]), extra=skipped))
-                continue
-            pack.stats.block = pack.name
-            out.append(pack.stats)
-        return out
+        c = self.config
+        return pack_splits(splits, tokenizer, c.text_column, c.pack, c.num_proc, lambda split: folder / split)
+
+
+def make_tokenizer(
+    train: Dataset, heldout: list[str], options: dict, folder: Path, text_column: str
+) -> list[BlockStats]:
+    """The tokenizer step into `folder/tokenizer`: trained on `train`, or `options["path"]` copied; bytes per token
+    measured on the `heldout` texts."""
+    from .tokenizer import measure_bytes_per_token, train_tokenizer
+
+    options = dict(options)
+    if "path" in options:  # an existing tokenizer: copy it, measure it
+        from transformers import AutoTokenizer
+
+        tokenizer = from_pretrained(AutoTokenizer, options["path"], "path")
+        tokenizer.save_pretrained(str(folder / "tokenizer"))
+        extra = {"reused": options["path"], "vocab_size": len(tokenizer)}
+        extra.update(measure_bytes_per_token(tokenizer, heldout, train, text_column))
+        return [BlockStats("tokenizer", extra=extra)]
+    _, stats = train_tokenizer(train, folder / "tokenizer", text_column=text_column, heldout_texts=heldout, **options)
+    return [stats]
+
+
+def pack_splits(
+    splits, tokenizer, text_column: str, options: dict, num_proc: int | None, output, required=("train",)
+) -> list[BlockStats]:
+    """Pack the train and heldout splits into `output(split)`; a split in `required` that cannot fill one block is an
+    error, another one is left unpacked with the reason in its stats (`skipped`)."""
+    from .packing import Pack
+
+    out = []
+    for split in ("train", "heldout"):
+        if len(splits[split]) == 0 and split not in required:
+            continue
+        pack = Pack(tokenizer, text_column=text_column, **options)
+        pack.name = f"pack {split}"
+        try:
+            pack.run(splits[split], num_proc=num_proc).save_to_disk(str(output(split)))
+        except ValueError as err:
+            if split in required:
+                raise
+            skipped = {"skipped": str(err)}  # too little text for one block: no data of this split
+            out.append(BlockStats(pack.name, documents_in=len(splits[split]), extra=skipped))
+            continue
+        pack.stats.block = pack.name
+        out.append(pack.stats)
+    return out
 
 
 def run_pipeline(config: PipelineConfig, verbose: bool = True) -> list[BlockStats]:
+    """The chain in this process (the default), or, with an `executor` section, as tasks on datatrove's local, Slurm
+    or Ray executor (`data/engines/`)."""
+    if config.executor is not None:
+        from .engines import run_engine
+
+        return run_engine(config, verbose)
     return Pipeline(config, verbose).run()
 
 
@@ -282,7 +302,16 @@ def packed_path(output_dir: str | Path, split: str = "train") -> Path:
 def load_packed(output_dir: str | Path) -> dict[str, Dataset]:
     """The packed train / heldout datasets a `prepare` wrote (heldout absent when it was too small to pack)."""
     folder = _last_step(output_dir, "pack")
-    return {split: load_from_disk(str(folder / split)) for split in ("train", "heldout") if (folder / split).exists()}
+    return {split: load_split(folder / split) for split in ("train", "heldout") if (folder / split).exists()}
+
+
+def load_split(folder: Path) -> Dataset:
+    """A packed split: one `save_to_disk` folder, or one per shard (an executor's run, `data/engines/`) read as one
+    dataset in shard order."""
+    shards = sorted(p for p in folder.iterdir() if (p / "state.json").exists())
+    if (folder / "state.json").exists() or not shards:
+        return load_from_disk(str(folder))
+    return concatenate_datasets([load_from_disk(str(p)) for p in shards])
 
 
 def tokenizer_path(output_dir: str | Path) -> Path:

@@ -34,6 +34,7 @@ class PipelineConfig:
     dedup: dict | None = field(default_factory=dict)  # {"exact": true, "threshold": 0.8, "num_perm": 128, ...}
     tokenizer: dict | None = field(default_factory=lambda: {"vocab_size": 32768})  # or {"path": existing}
     pack: dict | None = field(default_factory=lambda: {"seq_len": 4096, "mode": "best_fit"})
+    executor: dict | None = None  # {"kind": "local" | "slurm" | "ray", "tasks": 64, ...}: data/engines/; None: here
 
     def __post_init__(self):
         """Every section checked before any data is read: unknown keys, missing ones, values the blocks refuse."""
@@ -47,6 +48,7 @@ class PipelineConfig:
             ("dedup", _check_dedup),
             ("tokenizer", _check_tokenizer),
             ("pack", _check_pack),
+            ("executor", _check_executor),
         ):
             values = getattr(self, name)
             if values is None:
@@ -116,6 +118,12 @@ def _check_pack(values) -> None:
     check_seq_len(values.get("seq_len", 4096))
     if values.get("mode", "best_fit") not in MODES:
         raise ValueError(f"mode={values['mode']!r} is invalid; use one of {list(MODES)}.")
+
+
+def _check_executor(values) -> None:
+    from .engines.config import ExecutorConfig
+
+    ExecutorConfig(**check_section("executor", values, settable_keys(ExecutorConfig))).check_installed()
 
 
 def settable_keys(owner, *also_internal: str) -> set[str]:

@@ -1,0 +1,225 @@
+"""Global near-dedup in sharded stages: signatures -> buckets -> clusters -> verdicts, each task reading and writing files.
+
+The same result as `MinHashDedup` over the concatenation of the shards (shard 0's rows, then shard 1's, ...),
+without one process holding every document's band keys:
+
+1. signatures (one task per shard): each document's content hash (`minhash.content_hashes`, exact duplicates) and
+   MinHash signature (`minhash.minhash_signatures`), written as `hashes/S.npy`, `signatures/S.npy` and one file per
+   band, `bands/BBB/S.npy`: (key, row) sorted by key (`lsh.band_keys`; the content hash's first 64 bits are one more
+   band, so exact copies meet like near ones);
+2. buckets (a task per band and range of keys): the rows of every shard whose key is in the range (a binary search
+   in each sorted file), paired with up to `bucket_window` predecessors of equal key (`lsh.candidate_pairs`), ids
+   global (shard offset + row): `pairs/T.npy`;
+3. clusters (one task): the candidate pairs, each linked when the content hashes are equal (exact) or, with
+   `verify`, when the signatures' estimated Jaccard is >= threshold (signatures read for a block of pairs at a
+   time); union-find (`lsh.union_find_roots`) keeps the lowest global id of each cluster, as `MinHashDedup` keeps
+   the lowest row: `verdicts/S.npy` per shard, (row, reason code), and the counters;
+4. the shard's task drops its listed rows with their reasons (`stages.py`, through the dedup blocks' own marking).
+
+Memory: a signatures task holds its shard's batch; a buckets task the keys of its range (12 bytes a document of
+1/ranges of the corpus: more tasks, less each); the clusters task the candidate pairs and the documents in them
+(duplicates, not the corpus), as datatrove's MinhashDedupCluster. Why not datatrove's four steps: they read
+datatrove `Document`s, hash with their own shingles and emit unverified pairs (precision below ours, see
+docs/data.md); these stages keep our signatures and the verification.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..dedup import EXACT, NEAR, REASONS
+from ..lsh import band_keys, candidate_pairs, estimated_jaccard, union_find_roots
+from ..minhash import content_hashes, minhash_signatures
+
+BAND = np.dtype([("key", "<u8"), ("row", "<u4")])
+VERDICT = np.dtype([("row", "<u4"), ("code", "i1")])  # code: index into dedup.REASONS
+_PAIRS_BLOCK = 1 << 16
+
+
+def save_array(path: Path, array: np.ndarray) -> None:
+    """`np.save` into a temporary file renamed into place: a killed task never leaves a half-written array."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, array)
+    os.replace(tmp, path)
+
+
+def load_array(path: Path, mmap: bool = False) -> np.ndarray:
+    """An array a stage wrote; a missing or damaged one is an error naming the file and the fix."""
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None)
+    except (OSError, ValueError, EOFError) as err:
+        raise ValueError(
+            f"{path} cannot be read ({err}); its stage did not complete: relaunch `hf-pretrain data prepare`."
+        ) from None
+
+
+class DedupSettings:
+    """The dedup section as the stages read it (exact / minhash switches, MinHash knobs, bands from the threshold)."""
+
+    def __init__(self, section: dict):
+        from ..dedup import MinHashDedup
+
+        options = dict(section)
+        self.exact = options.pop("exact", True)
+        self.minhash = options.pop("minhash", True)
+        block = MinHashDedup(**{**options, "verbose": False})
+        self.threshold, self.num_perm, self.shingle_size, self.seed = (
+            block.threshold,
+            block.num_perm,
+            block.shingle_size,
+            block.seed,
+        )
+        self.verify, self.bucket_window = block.verify, block.bucket_window
+        self.bands = block.bands if self.minhash else 0
+        self.rows = block.rows
+
+    @property
+    def total_bands(self) -> int:
+        """The MinHash bands and the exact band (the content hash), the last one."""
+        return self.bands + 1
+
+
+def write_signatures(folder: Path, shard: int, texts, settings: DedupSettings, batch_size: int = 10_000) -> int:
+    """Stage 1 for one shard: hashes, signatures and the sorted band files of `texts` (an Arrow column)."""
+    hashes, signatures = [], []
+    for start in range(0, len(texts), batch_size):
+        batch = texts.slice(start, batch_size)
+        hashes.append(content_hashes(batch, normalise=True))
+        if settings.minhash:
+            signatures.append(minhash_signatures(batch, settings.num_perm, settings.shingle_size, settings.seed))
+    hashes = np.concatenate(hashes) if hashes else np.zeros((0, 2), np.uint64)
+    keys = []
+    if settings.minhash:
+        signatures = np.concatenate(signatures) if signatures else np.zeros((0, settings.num_perm), np.uint32)
+        save_array(folder / "signatures" / f"{shard:05d}.npy", signatures)
+        keys = list(band_keys(signatures, settings.bands, settings.rows).T)
+    keys.append(hashes[:, 0])
+    save_array(folder / "hashes" / f"{shard:05d}.npy", hashes)
+    for band, band_key in enumerate(keys):
+        table = np.empty(len(band_key), BAND)
+        table["key"], table["row"] = band_key, np.arange(len(band_key), dtype=np.uint32)
+        table.sort(order=["key", "row"])
+        save_array(folder / "bands" / f"{band:03d}" / f"{shard:05d}.npy", table)
+    return len(hashes)
+
+
+def bucket_units(settings: DedupSettings, tasks: int) -> tuple[int, int]:
+    """(key ranges per band, units = bands x ranges): about one unit per task, so a unit is about a shard's keys."""
+    ranges = max(1, -(-tasks // settings.total_bands))
+    return ranges, settings.total_bands * ranges
+
+
+def _key_range(part: int, ranges: int) -> tuple[int, int | None]:
+    low = (part << 64) // ranges
+    return low, None if part == ranges - 1 else ((part + 1) << 64) // ranges
+
+
+def unit_pairs(folder: Path, unit: int, ranges: int, offsets: np.ndarray, bucket_window: int) -> np.ndarray:
+    """Stage 2 for one unit (band, key range): candidate pairs [m, 2] of global ids, first < second."""
+    band, part = divmod(unit, ranges)
+    low, high = _key_range(part, ranges)
+    keys, ids = [], []
+    for shard in range(len(offsets) - 1):
+        table = load_array(folder / "bands" / f"{band:03d}" / f"{shard:05d}.npy", mmap=True)
+        start = np.searchsorted(table["key"], np.uint64(low))
+        stop = len(table) if high is None else np.searchsorted(table["key"], np.uint64(high))
+        chunk = np.array(table[start:stop])
+        keys.append(chunk["key"])
+        ids.append(chunk["row"].astype(np.int64) + offsets[shard])
+    keys, ids = np.concatenate(keys), np.concatenate(ids)
+    order = np.argsort(ids, kind="stable")  # candidate_pairs pairs equal keys in this (global id) order
+    keys, ids = keys[order], ids[order]
+    return ids[candidate_pairs(keys[:, None], bucket_window)]
+
+
+class ShardArrays:
+    """Rows of a per-shard array (`hashes`, `signatures`) by global id, each shard's file memory-mapped only while read."""
+
+    def __init__(self, folder: Path, name: str, offsets: np.ndarray):
+        self.folder, self.name, self.offsets = folder / name, name, offsets
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        shards = np.searchsorted(self.offsets, ids, side="right") - 1
+        out = None
+        for shard in np.unique(shards):
+            where = np.flatnonzero(shards == shard)
+            array = load_array(self.folder / f"{shard:05d}.npy", mmap=True)
+            values = np.asarray(array[ids[where] - self.offsets[shard]])
+            if out is None:
+                out = np.empty((len(ids), *values.shape[1:]), values.dtype)
+            out[where] = values
+            del array
+        return out if out is not None else np.zeros((0,), np.uint64)
+
+
+def cluster(
+    folder: Path, pairs_files: list[Path], offsets: np.ndarray, settings: DedupSettings, verdicts: Path
+) -> dict:
+    """Stage 3: link the candidate pairs (`folder` holds the signatures), cluster, write each shard's verdicts into
+    `verdicts`; returns the counters."""
+    found = [load_array(p) for p in pairs_files]
+    pairs = np.concatenate([p for p in found if len(p)] or [np.zeros((0, 2), np.int64)])
+    pairs = np.unique(pairs, axis=0) if len(pairs) else pairs
+    hashes = ShardArrays(folder, "hashes", offsets)
+    signatures = ShardArrays(folder, "signatures", offsets) if settings.minhash else None
+    exact = np.zeros(len(pairs), bool)
+    linked = np.zeros(len(pairs), bool)
+    for start in range(0, len(pairs), _PAIRS_BLOCK):
+        block = pairs[start : start + _PAIRS_BLOCK]
+        same = (hashes.take(block[:, 0]) == hashes.take(block[:, 1])).all(axis=1)
+        exact[start : start + len(block)] = same
+        near = np.zeros(len(block), bool)
+        if signatures is not None:
+            if settings.verify:
+                near = estimated_jaccard(signatures.take(block[:, 0]), signatures.take(block[:, 1]))
+                near = near >= settings.threshold
+            else:
+                near = np.ones(len(block), bool)
+        linked[start : start + len(block)] = same | near
+    edges = pairs[linked]
+    nodes = np.unique(edges)
+    roots = nodes[union_find_roots(len(nodes), np.searchsorted(nodes, edges))] if len(nodes) else nodes
+    copies = np.unique(pairs[exact][:, 1])  # a lower document has the same content hash: an exact duplicate
+    dropped = nodes[roots != nodes]
+    is_exact = np.isin(dropped, copies)
+    codes = np.where(is_exact, REASONS.index(EXACT), REASONS.index(NEAR)).astype(np.int8)
+    unique_members = ~np.isin(nodes, copies)
+    sizes = np.unique(roots[unique_members], return_counts=True)[1]
+    shards = np.searchsorted(offsets, dropped, side="right") - 1
+    for shard in range(len(offsets) - 1):
+        mine = shards == shard
+        table = np.empty(int(mine.sum()), VERDICT)
+        table["row"], table["code"] = dropped[mine] - offsets[shard], codes[mine]
+        save_array(verdicts / f"{shard:05d}.npy", table)
+    return {
+        "exact_duplicates": int(is_exact.sum()),
+        "near_duplicates": int((~is_exact).sum()),
+        "clusters": int((sizes > 1).sum()),
+        "candidate_pairs": int((~exact).sum()),
+        "verified_pairs": int((linked & ~exact).sum()),
+        "bands": settings.bands,
+        "rows": settings.rows,
+        "num_perm": settings.num_perm,
+        "threshold": settings.threshold,
+    }
+
+
+def shard_codes(folder: Path, shard: int, num_rows: int) -> np.ndarray:
+    """Per row of the shard: its reason code (0 keeps it), from the clusters stage's verdicts in `folder`."""
+    verdicts = load_array(folder / f"{shard:05d}.npy")
+    codes = np.zeros(num_rows, np.int8)
+    codes[verdicts["row"].astype(np.int64)] = verdicts["code"]
+    return codes
+
+
+def write_json(path: Path, value) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value, indent=2) + "\n")
+    os.replace(tmp, path)

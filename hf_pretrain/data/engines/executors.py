@@ -1,0 +1,204 @@
+"""The stages on datatrove's executors: local processes, a Ray cluster, or Slurm job arrays.
+
+Every runner hands each stage to datatrove's executor of its kind with `tasks` tasks and a logging folder per
+stage (`OUTPUT/logs/NN-stage/`: `completions/` (datatrove's marks: a relaunch runs only the tasks without one),
+`logs/task_NNNNN.log`, `stats/`), and checks after the stage that every task completed; a task that did not is one
+error naming it and its log. Local and Ray run the stages one after the other; Slurm submits them all at once, each
+an array job depending on the one before (`afterok`), then waits for them (or returns with `wait: false`).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .config import ExecutorConfig
+from .stages import Stage
+
+
+class StageFailed(RuntimeError):
+    pass
+
+
+def incomplete_message(stage: Stage, executor, logs: Path, ranks: list[int]) -> str:
+    shown = ", ".join(str(logs / stage.folder / "logs" / f"task_{rank:05d}.log") for rank in ranks[:3])
+    return (
+        f"stage {stage.folder}: {len(ranks)} of {executor.world_size} task(s) did not complete ({ranks[:10]}); "
+        f"see {shown}. Relaunch the same command: it runs only the tasks not complete."
+    )
+
+
+class Runner:
+    def __init__(self, config: ExecutorConfig, logs: Path):
+        self.config, self.logs = config, logs
+
+    def workers(self, tasks: int) -> int:
+        return tasks if self.config.workers == -1 else min(self.config.workers, tasks)
+
+    def run(self, stages: list[tuple[Stage, int]]) -> list[dict] | None:
+        """Run the stages in order; per stage: tasks, and how many were complete from an earlier launch."""
+        report = []
+        with self.session():
+            for stage, tasks in stages:
+                executor = self.executor(stage, tasks)
+                before = len(executor.get_incomplete_ranks())
+                executor.run()
+                missing = executor.get_incomplete_ranks(skip_completed=True)
+                if missing:
+                    raise StageFailed(incomplete_message(stage, executor, self.logs, missing))
+                report.append({"stage": stage.folder, "tasks": tasks, "ran": before, "reused": tasks - before})
+        return report
+
+    def session(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def executor(self, stage: Stage, tasks: int):
+        raise NotImplementedError
+
+
+class LocalRunner(Runner):
+    def executor(self, stage, tasks):
+        from datatrove.executor import LocalPipelineExecutor
+
+        return LocalPipelineExecutor(
+            pipeline=[stage],
+            tasks=tasks,
+            workers=self.workers(tasks),
+            logging_dir=str(self.logs / stage.folder),
+            start_method=self.config.start_method,
+        )
+
+
+class RayRunner(Runner):
+    def session(self):
+        import contextlib
+
+        import ray
+
+        @contextlib.contextmanager
+        def connected():
+            started = not ray.is_initialized()
+            if started:  # address None: a Ray started for this run on this machine; else the cluster's
+                ray.init(address=self.config.address, logging_level="ERROR", log_to_driver=False)
+            try:
+                yield
+            finally:
+                if started:
+                    ray.shutdown()
+
+        return connected()
+
+    def executor(self, stage, tasks):
+        from datatrove.executor import RayPipelineExecutor
+
+        return RayPipelineExecutor(
+            pipeline=[stage],
+            tasks=tasks,
+            workers=self.workers(tasks),
+            logging_dir=str(self.logs / stage.folder),
+            cpus_per_task=self.config.cpus_per_task,
+            mem_per_cpu_gb=self.config.mem_per_cpu_gb,
+        )
+
+
+def default_partition() -> str:
+    """The Slurm cluster's default partition (`sinfo` marks it with *)."""
+    listed = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, check=False).stdout.split()
+    default = [p.rstrip("*") for p in listed if p.endswith("*")]
+    if not default:
+        raise ValueError(f"executor kind='slurm': no default partition found (sinfo: {listed}); set partition.")
+    return default[0]
+
+
+def activate_command() -> str:
+    """The line that puts this Python environment on the task's PATH (a venv's activate script), or ""."""
+    activate = Path(sys.prefix) / "bin" / "activate"
+    return f"source {activate}" if sys.prefix != sys.base_prefix and activate.exists() else ""
+
+
+class SlurmRunner(Runner):
+    """All stages submitted at once (each an array job, `afterok` on the one before), then waited for."""
+
+    poll_seconds = 1.0
+
+    def executor(self, stage, tasks, depends=None):
+        from datatrove.executor import SlurmPipelineExecutor
+
+        c = self.config
+        return SlurmPipelineExecutor(
+            pipeline=[stage],
+            tasks=tasks,
+            workers=c.workers,
+            time=c.time,
+            partition=c.partition or default_partition(),
+            cpus_per_task=c.cpus_per_task,
+            mem_per_cpu_gb=c.mem_per_cpu_gb,
+            job_name=f"{c.job_name}-{stage.folder}",
+            qos=c.qos or "",
+            env_command=c.env_command if c.env_command is not None else activate_command(),
+            sbatch_args=dict(c.sbatch_args),
+            logging_dir=str(self.logs / stage.folder),
+            slurm_logs_folder=str(self.logs / stage.folder / "slurm"),
+            depends=depends,
+            requeue=False,
+        )
+
+    def run(self, stages):
+        executors, report, previous = [], [], None
+        for stage, tasks in stages:
+            previous = self.executor(stage, tasks, depends=previous)
+            executors.append((stage, previous))
+            before = len(previous.get_incomplete_ranks())
+            report.append({"stage": stage.folder, "tasks": tasks, "ran": before, "reused": tasks - before})
+        previous.run()  # launches the chain, each stage's job after the job of the stage before
+        jobs = [str(e.job_id) for _, e in executors if e.job_id not in (None, -1)]
+        if jobs:
+            print(f"[slurm] submitted job(s) {', '.join(jobs)}: one array per stage, logs in {self.logs}/STAGE/slurm")
+        if not self.config.wait:
+            print(
+                "[slurm] not waiting (wait: false): run the same command again once the jobs ended to merge the counts"
+            )
+            return None
+        self.wait(executors, jobs)
+        return report
+
+    def wait(self, executors, jobs: list[str]) -> None:
+        while True:
+            pending = [(stage, e, e.get_incomplete_ranks(skip_completed=True)) for stage, e in executors]
+            pending = [item for item in pending if item[2]]
+            if not pending:
+                return
+            queued = self.queued(jobs)
+            stuck = [job for job, reason in queued.items() if "DependencyNeverSatisfied" in reason]
+            if not queued or stuck:
+                if queued:
+                    subprocess.run(["scancel", *queued], check=False)
+                raise StageFailed(incomplete_message(*pending[0][:2], self.logs, pending[0][2]))
+            time.sleep(self.poll_seconds)
+
+    @staticmethod
+    def queued(jobs: list[str]) -> dict[str, str]:
+        """Our jobs still in the queue (array job id -> state and reason)."""
+        listed = subprocess.run(
+            ["squeue", "-h", "-u", getpass.getuser(), "-o", "%F|%T|%r"], capture_output=True, text=True, check=False
+        ).stdout
+        found: dict[str, str] = {}
+        for line in listed.splitlines():
+            job, state, reason = (line.split("|") + ["", ""])[:3]
+            if job in jobs:
+                found[job] = f"{found.get(job, '')} {state} {reason}".strip()
+        return found
+
+
+RUNNERS = {"local": LocalRunner, "ray": RayRunner, "slurm": SlurmRunner}
+
+
+def runner_for(config: ExecutorConfig, logs: Path) -> Runner:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    return RUNNERS[config.kind](config, logs)

@@ -1,0 +1,354 @@
+"""The chain's stages as datatrove pipeline steps: each task runs our blocks on its shard and writes files.
+
+A `Stage` is a datatrove `PipelineStep` whose `run(data, rank, world_size)` does one task of one stage:
+
+  01-documents  (a task per shard)  read (a contiguous part of the input's files or rows) -> clean -> perplexity
+                                    filter; the documents saved, with their hashes and MinHash band files
+  02-buckets    (a task per units)  candidate pairs of a band's key range (`dedup_shards.py`)
+  03-clusters   (one task)          linked pairs -> clusters -> each shard's verdicts
+  04-dedup      (a task per shard)  the verdicts applied by our dedup blocks (reasons `exact_duplicate`,
+                                    `near_duplicate`), then the held-out split (`split.py`)
+  05-tokenizer  (one task)          trained once on a sample of the training documents, or copied
+  06-pack       (a task per shard)  `Pack` into `06-pack/{train,heldout}/SHARD/`, read as one by `load_packed`
+
+The blocks' counters and drop reasons are ours (`BlockStats` of every block, per task, in
+`NN-stage/tasks/RANK.json`, written last: the task's own completion mark), also given to datatrove's stats
+(`stat_update`). A task holds a lock (`locks/`, `fcntl.flock`) while it works, so two launches at once never
+write the same files (the second waits, then finds the task done); every output is written to a temporary
+name and renamed into place, so a killed task leaves nothing a relaunch would take for complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+from datatrove.pipeline.base import PipelineStep
+
+from ..blocks import DROP, BlockStats, shard_range
+from ..dedup import EXACT, REASONS, _GlobalDedup
+from ..pipeline_config import PipelineConfig
+from ..read import ReadFiles
+from ..records import DOC_ID
+from . import dedup_shards
+from .dedup_shards import DedupSettings, write_json
+
+DOCUMENTS, BUCKETS, CLUSTERS, DEDUP, TOKENIZER, PACK = (
+    "01-documents",
+    "02-buckets",
+    "03-clusters",
+    "04-dedup",
+    "05-tokenizer",
+    "06-pack",
+)
+
+
+@dataclasses.dataclass
+class Plan:
+    """What every task needs to know: the chain's config, the number of shards and of bucket tasks."""
+
+    config: PipelineConfig
+    shards: int
+    tokenizer_sample_documents: int = 1_000_000
+
+    @property
+    def out(self) -> Path:
+        return Path(self.config.output_dir)
+
+    @property
+    def dedup(self) -> DedupSettings | None:
+        section = self.config.dedup
+        if section is None or not (section.get("exact", True) or section.get("minhash", True)):
+            return None
+        return DedupSettings(section)
+
+    def bucket_units(self) -> tuple[int, int]:
+        return dedup_shards.bucket_units(self.dedup, self.shards)
+
+    def task_stats(self, stage: str, rank: int) -> dict:
+        path = self.out / stage / "tasks" / f"{rank:05d}.json"
+        return json.loads(path.read_text())
+
+    def offsets(self) -> np.ndarray:
+        """Global id of each shard's first document (and the total): the documents stage's row counts summed."""
+        rows = [self.task_stats(DOCUMENTS, rank)["rows"] for rank in range(self.shards)]
+        return np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+
+
+class PeakMemory:
+    """The peak resident memory of this process while the block runs (psutil, sampled every 20 ms)."""
+
+    def __enter__(self):
+        import psutil
+
+        self.process, self.peak, self._stop = psutil.Process(), 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while True:
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            if self._stop.wait(0.02):
+                return
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.process.memory_info().rss)
+
+
+@contextlib.contextmanager
+def task_lock(path: Path):
+    """An exclusive lock on `path` (released by the kernel when the process dies)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def replace_folder(tmp: Path, final: Path) -> None:
+    """`tmp` renamed to `final` (an earlier, interrupted attempt's `final` removed first)."""
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+
+
+def fresh(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    return path
+
+
+class Stage(PipelineStep):
+    """One stage of the chain; `work(rank, world_size)` returns the task's `BlockStats` and other facts to keep."""
+
+    type = "hf_pretrain"
+    folder = ""
+
+    def __init__(self, plan: Plan):
+        super().__init__()
+        self.plan = plan
+        self.name = self.folder
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        out = self.plan.out / self.folder
+        done = out / "tasks" / f"{rank:05d}.json"
+        with task_lock(self.plan.out / "locks" / f"{self.folder}-{rank:05d}.lock"):
+            if not done.exists():  # else a launch running at the same time did this task while we waited
+                start = time.perf_counter()
+                with PeakMemory() as memory:
+                    stats, facts = self.work(out, rank, world_size)
+                record = {
+                    "stats": [s.to_dict() for s in stats],
+                    "seconds": time.perf_counter() - start,
+                    "peak_rss_bytes": memory.peak,
+                    **facts,
+                }
+                write_json(done, record)
+        for s in json.loads(done.read_text())["stats"]:
+            self.stat_update(f"{s['block']}/documents_in", value=s["documents_in"])
+            self.stat_update(f"{s['block']}/documents_out", value=s["documents_out"])
+            for reason, n in s["dropped"].items():
+                self.stat_update(f"{s['block']}/dropped_{reason}", value=n)
+
+    def work(self, out: Path, rank: int, world_size: int) -> tuple[list[BlockStats], dict]:
+        raise NotImplementedError
+
+
+class ShardFiles(ReadFiles):
+    """`ReadFiles` with a contiguous part of the files per shard (shard 0's, then 1's, ... is the input's order,
+    so dedup keeps the same copies as on one machine); names the compressed files whose stream broke."""
+
+    def _mark_lines(self, files, names, rank, world_size, num_proc):
+        start, stop = shard_range(len(files), rank, world_size)
+        return super()._mark_lines(files[start:stop], names[start:stop], 0, 1, num_proc)
+
+    def keep(self, marked, num_proc):
+        table = marked.data
+        if DOC_ID in table.column_names:
+            broken = table.filter(pc.equal(table.column(DROP), "corrupt_compression")).column(DOC_ID).to_pylist()
+        else:
+            broken = []
+        kept = super().keep(marked, num_proc)
+        if broken:
+            self.stats.extra["corrupt_files"] = broken
+        return kept
+
+
+class Documents(Stage):
+    folder = DOCUMENTS
+
+    def work(self, out, rank, world_size):
+        from datasets import load_from_disk
+
+        from ..pipeline import Pipeline
+
+        c = self.plan.config
+        num_proc = c.num_proc
+        reader = ShardFiles(c.text_column, c.max_bytes)
+        data = reader.run(c.input, rank, world_size, num_proc)
+        stats = [reader.stats]
+        for _, name, _, blocks in Pipeline(c, verbose=False)._document_blocks():
+            if name == "dedup":
+                continue  # the dedup stages' work
+            for block in blocks:
+                data = block.run(data, num_proc=num_proc)
+                stats.append(block.stats)
+        final = out / "data" / f"{rank:05d}"
+        tmp = fresh(out / "data" / f".{rank:05d}.tmp")
+        data.save_to_disk(str(tmp))
+        replace_folder(tmp, final)
+        if self.plan.dedup is not None:
+            texts = load_from_disk(str(final)).data.column(c.text_column)
+            dedup_shards.write_signatures(out / "dedup", rank, texts, self.plan.dedup)
+        return stats, {"rows": len(data)}
+
+
+class Buckets(Stage):
+    folder = BUCKETS
+
+    def work(self, out, rank, world_size):
+        settings, offsets = self.plan.dedup, self.plan.offsets()
+        ranges, units = self.plan.bucket_units()
+        pairs = 0
+        for unit in range(rank, units, world_size):
+            found = dedup_shards.unit_pairs(
+                self.plan.out / DOCUMENTS / "dedup", unit, ranges, offsets, settings.bucket_window
+            )
+            dedup_shards.save_array(out / "pairs" / f"{unit:05d}.npy", found)
+            pairs += len(found)
+        return [BlockStats("buckets", documents_in=int(offsets[-1]), extra={"pairs": pairs})], {}
+
+
+class Clusters(Stage):
+    folder = CLUSTERS
+
+    def work(self, out, rank, world_size):
+        settings, offsets = self.plan.dedup, self.plan.offsets()
+        _, units = self.plan.bucket_units()
+        pairs = [self.plan.out / BUCKETS / "pairs" / f"{unit:05d}.npy" for unit in range(units)]
+        counters = dedup_shards.cluster(self.plan.out / DOCUMENTS / "dedup", pairs, offsets, settings, out / "verdicts")
+        return [BlockStats("clusters", documents_in=int(offsets[-1]), extra=counters)], {"counters": counters}
+
+
+class ListedDuplicates(_GlobalDedup):
+    """A dedup block whose verdicts were decided by the clusters stage: marks the listed rows with their reasons."""
+
+    def __init__(self, name: str, codes: np.ndarray, text_column: str):
+        super().__init__(text_column)
+        self.name, self._listed = name, codes
+
+    def first_pass(self, data, num_proc) -> dict:
+        self.codes, self.roots = self._listed, np.arange(len(self._listed))
+        return {}
+
+
+def dedup_blocks(settings: DedupSettings, codes: np.ndarray, text_column: str) -> list[ListedDuplicates]:
+    """The blocks `Pipeline` would run (ExactDedup then MinHashDedup, or one of them) over the listed verdicts."""
+    exact = REASONS.index(EXACT)
+    if settings.exact and settings.minhash:
+        remaining = codes[codes != exact]  # the rows left after the exact block, in order
+        return [
+            ListedDuplicates("exact_dedup", np.where(codes == exact, codes, 0), text_column),
+            ListedDuplicates("minhash_dedup", remaining, text_column),
+        ]
+    if settings.exact:
+        return [ListedDuplicates("exact_dedup", codes, text_column)]
+    return [ListedDuplicates("minhash_dedup", codes, text_column)]  # MinHashDedup alone drops exact copies too
+
+
+class Dedup(Stage):
+    """The verdicts applied, then the held-out split: `04-dedup/{train,heldout}/SHARD`."""
+
+    folder = DEDUP
+
+    def work(self, out, rank, world_size):
+        from datasets import load_from_disk
+
+        from ..split import split_by_hash
+
+        c = self.plan.config
+        num_proc = c.num_proc
+        data = load_from_disk(str(self.plan.out / DOCUMENTS / "data" / f"{rank:05d}"))
+        stats = []
+        if self.plan.dedup is not None:
+            codes = dedup_shards.shard_codes(self.plan.out / CLUSTERS / "verdicts", rank, len(data))
+            for block in dedup_blocks(self.plan.dedup, codes, c.text_column):
+                data = block.run(data, num_proc=num_proc)
+                stats.append(block.stats)
+        splits = split_by_hash(data, c.heldout_fraction, c.text_column, num_proc)
+        train, heldout = len(splits["train"]), len(splits["heldout"])
+        split = BlockStats("split", documents_in=train + heldout, documents_out=train)
+        split.extra.update(train=train, heldout=heldout, heldout_fraction=c.heldout_fraction)
+        for name, part in splits.items():
+            tmp = fresh(out / name / f".{rank:05d}.tmp")
+            part.save_to_disk(str(tmp))
+            replace_folder(tmp, out / name / f"{rank:05d}")
+        return [*stats, split], {"train": train, "heldout": heldout}
+
+
+class Tokenizer(Stage):
+    """One task: the tokenizer trained on the first training documents of the shards, in order, or copied."""
+
+    folder = TOKENIZER
+
+    def work(self, out, rank, world_size):
+        from datasets import concatenate_datasets, load_from_disk
+
+        from ..pipeline import make_tokenizer
+
+        c, plan = self.plan.config, self.plan
+        train, heldout, wanted = [], [], plan.tokenizer_sample_documents
+        for shard in range(plan.shards):
+            if wanted > 0:
+                part = load_from_disk(str(plan.out / DEDUP / "train" / f"{shard:05d}"))
+                train.append(part.select(range(min(wanted, len(part)))))
+                wanted -= len(train[-1])
+            if len(heldout) < 1000:
+                part = load_from_disk(str(plan.out / DEDUP / "heldout" / f"{shard:05d}"))
+                heldout += part[c.text_column][: 1000 - len(heldout)]
+        sample = concatenate_datasets(train)
+        tmp = fresh(out / ".tmp")
+        stats = make_tokenizer(sample, heldout, c.tokenizer, tmp, c.text_column)
+        replace_folder(tmp / "tokenizer", fresh(out / "tokenizer"))
+        shutil.rmtree(tmp)
+        stats[0].extra["sample_documents"] = len(sample)
+        return stats, {}
+
+
+class Pack(Stage):
+    """Each shard's splits packed into `06-pack/{train,heldout}/SHARD` (a shard too small for one block: skipped)."""
+
+    folder = PACK
+
+    def work(self, out, rank, world_size):
+        from datasets import load_from_disk
+        from transformers import AutoTokenizer
+
+        from ..pipeline import pack_splits
+
+        c = self.plan.config
+        tokenizer = AutoTokenizer.from_pretrained(str(self.plan.out / TOKENIZER / "tokenizer"))
+        splits = {
+            name: load_from_disk(str(self.plan.out / DEDUP / name / f"{rank:05d}")) for name in ("train", "heldout")
+        }
+        for name in splits:
+            fresh(out / name / f".{rank:05d}.tmp")
+        temporary = lambda name: out / name / f".{rank:05d}.tmp"  # noqa: E731
+        stats = pack_splits(splits, tokenizer, c.text_column, c.pack, c.num_proc, temporary, required=())
+        for name in splits:
+            if (out / name / f".{rank:05d}.tmp").exists():
+                replace_folder(out / name / f".{rank:05d}.tmp", out / name / f"{rank:05d}")
+        return stats, {}
