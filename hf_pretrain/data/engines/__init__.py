@@ -64,12 +64,9 @@ def chain(plan, config: ExecutorConfig) -> list[tuple]:
     if plan.dedup is not None:
         _, units = plan.bucket_units()
         steps += [(s.Buckets(plan), min(plan.shards, units)), (s.Clusters(plan), 1)]
-    steps.append((s.Dedup(plan), plan.shards))
     if c.tokenizer is not None:
         steps.append((s.Tokenizer(plan), 1))
-        if c.pack is not None:
-            steps.append((s.Pack(plan), plan.shards))
-    return steps
+    return [*steps, (s.Pack(plan), plan.shards)]
 
 
 def check_key(out: Path, key: str) -> None:
@@ -124,7 +121,8 @@ def collect(plan, steps: list[tuple]) -> tuple[list[BlockStats], list[dict]]:
             }
         )
     stats = merge([r["stats"] for r in by_stage[s.DOCUMENTS]])
-    dedup = merge([r["stats"] for r in by_stage[s.DEDUP]])
+    shards = merge([r["stats"] for r in by_stage[s.PACK]])
+    dedup = [b for b in shards if not b.block.startswith("pack")]
     if s.CLUSTERS in by_stage:
         counters = dict(by_stage[s.CLUSTERS][0]["counters"])
         blocks = {b.block: b for b in dedup}
@@ -135,10 +133,9 @@ def collect(plan, steps: list[tuple]) -> tuple[list[BlockStats], list[dict]]:
         if "minhash_dedup" in blocks:
             blocks["minhash_dedup"].extra.update(counters)
     stats += dedup
-    for folder in (s.TOKENIZER, s.PACK):
-        if folder in by_stage:
-            stats += merge([r["stats"] for r in by_stage[folder]])
-    return stats, tasks
+    if s.TOKENIZER in by_stage:
+        stats += merge([r["stats"] for r in by_stage[s.TOKENIZER]])
+    return stats + [b for b in shards if b.block.startswith("pack")], tasks
 
 
 def tasks_table(report: list[dict], tasks: list[dict], kind: str) -> str:

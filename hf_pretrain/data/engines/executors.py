@@ -20,8 +20,8 @@ from .config import ExecutorConfig
 from .stages import Stage
 
 
-class StageFailed(RuntimeError):
-    pass
+class StageFailed(ValueError):
+    """Tasks of a stage did not complete: one line naming them and their logs (`hf-pretrain data` exits with 2)."""
 
 
 def incomplete_message(stage: Stage, executor, logs: Path, ranks: list[int]) -> str:

@@ -6,10 +6,11 @@ A `Stage` is a datatrove `PipelineStep` whose `run(data, rank, world_size)` does
                                     filter; the documents saved, with their hashes and MinHash band files
   02-buckets    (a task per units)  candidate pairs of a band's key range (`dedup_shards.py`)
   03-clusters   (one task)          linked pairs -> clusters -> each shard's verdicts
-  04-dedup      (a task per shard)  the verdicts applied by our dedup blocks (reasons `exact_duplicate`,
-                                    `near_duplicate`), then the held-out split (`split.py`)
-  05-tokenizer  (one task)          trained once on a sample of the training documents, or copied
-  06-pack       (a task per shard)  `Pack` into `06-pack/{train,heldout}/SHARD/`, read as one by `load_packed`
+  04-tokenizer  (one task)          trained once on the first training documents of the shards, or copied
+  05-pack       (a task per shard)  the verdicts applied by our dedup blocks (reasons `exact_duplicate`,
+                                    `near_duplicate`), the held-out split (`split.py`), the documents saved
+                                    (`05-pack/documents/{train,heldout}/SHARD`) and packed by `Pack` into
+                                    `05-pack/{train,heldout}/SHARD`, which `load_packed` reads as one dataset
 
 The blocks' counters and drop reasons are ours (`BlockStats` of every block, per task, in
 `NN-stage/tasks/RANK.json`, written last: the task's own completion mark), also given to datatrove's stats
@@ -41,14 +42,7 @@ from ..records import DOC_ID
 from . import dedup_shards
 from .dedup_shards import DedupSettings, write_json
 
-DOCUMENTS, BUCKETS, CLUSTERS, DEDUP, TOKENIZER, PACK = (
-    "01-documents",
-    "02-buckets",
-    "03-clusters",
-    "04-dedup",
-    "05-tokenizer",
-    "06-pack",
-)
+DOCUMENTS, BUCKETS, CLUSTERS, TOKENIZER, PACK = "01-documents", "02-buckets", "03-clusters", "04-tokenizer", "05-pack"
 
 
 @dataclasses.dataclass
@@ -269,34 +263,26 @@ def dedup_blocks(settings: DedupSettings, codes: np.ndarray, text_column: str) -
     return [ListedDuplicates("minhash_dedup", codes, text_column)]  # MinHashDedup alone drops exact copies too
 
 
-class Dedup(Stage):
-    """The verdicts applied, then the held-out split: `04-dedup/{train,heldout}/SHARD`."""
+def kept_splits(plan: Plan, rank: int) -> tuple[dict, list[BlockStats]]:
+    """Shard `rank`'s documents with the clusters stage's verdicts applied by the dedup blocks, split into train and
+    heldout (`split.py`); and the blocks' stats."""
+    from datasets import load_from_disk
 
-    folder = DEDUP
+    from ..split import split_by_hash
 
-    def work(self, out, rank, world_size):
-        from datasets import load_from_disk
-
-        from ..split import split_by_hash
-
-        c = self.plan.config
-        num_proc = c.num_proc
-        data = load_from_disk(str(self.plan.out / DOCUMENTS / "data" / f"{rank:05d}"))
-        stats = []
-        if self.plan.dedup is not None:
-            codes = dedup_shards.shard_codes(self.plan.out / CLUSTERS / "verdicts", rank, len(data))
-            for block in dedup_blocks(self.plan.dedup, codes, c.text_column):
-                data = block.run(data, num_proc=num_proc)
-                stats.append(block.stats)
-        splits = split_by_hash(data, c.heldout_fraction, c.text_column, num_proc)
-        train, heldout = len(splits["train"]), len(splits["heldout"])
-        split = BlockStats("split", documents_in=train + heldout, documents_out=train)
-        split.extra.update(train=train, heldout=heldout, heldout_fraction=c.heldout_fraction)
-        for name, part in splits.items():
-            tmp = fresh(out / name / f".{rank:05d}.tmp")
-            part.save_to_disk(str(tmp))
-            replace_folder(tmp, out / name / f"{rank:05d}")
-        return [*stats, split], {"train": train, "heldout": heldout}
+    c = plan.config
+    data = load_from_disk(str(plan.out / DOCUMENTS / "data" / f"{rank:05d}"))
+    stats = []
+    if plan.dedup is not None:
+        codes = dedup_shards.shard_codes(plan.out / CLUSTERS / "verdicts", rank, len(data))
+        for block in dedup_blocks(plan.dedup, codes, c.text_column):
+            data = block.run(data, num_proc=c.num_proc)
+            stats.append(block.stats)
+    splits = split_by_hash(data, c.heldout_fraction, c.text_column, c.num_proc)
+    train, heldout = len(splits["train"]), len(splits["heldout"])
+    split = BlockStats("split", documents_in=train + heldout, documents_out=train)
+    split.extra.update(train=train, heldout=heldout, heldout_fraction=c.heldout_fraction)
+    return splits, [*stats, split]
 
 
 class Tokenizer(Stage):
@@ -305,20 +291,19 @@ class Tokenizer(Stage):
     folder = TOKENIZER
 
     def work(self, out, rank, world_size):
-        from datasets import concatenate_datasets, load_from_disk
+        from datasets import concatenate_datasets
 
         from ..pipeline import make_tokenizer
 
         c, plan = self.plan.config, self.plan
         train, heldout, wanted = [], [], plan.tokenizer_sample_documents
         for shard in range(plan.shards):
-            if wanted > 0:
-                part = load_from_disk(str(plan.out / DEDUP / "train" / f"{shard:05d}"))
-                train.append(part.select(range(min(wanted, len(part)))))
-                wanted -= len(train[-1])
-            if len(heldout) < 1000:
-                part = load_from_disk(str(plan.out / DEDUP / "heldout" / f"{shard:05d}"))
-                heldout += part[c.text_column][: 1000 - len(heldout)]
+            if wanted <= 0:
+                break
+            splits, _ = kept_splits(plan, shard)
+            train.append(splits["train"].select(range(min(wanted, len(splits["train"])))))
+            wanted -= len(train[-1])
+            heldout += splits["heldout"][c.text_column][: 1000 - len(heldout)]
         sample = concatenate_datasets(train)
         tmp = fresh(out / ".tmp")
         stats = make_tokenizer(sample, heldout, c.tokenizer, tmp, c.text_column)
@@ -329,26 +314,31 @@ class Tokenizer(Stage):
 
 
 class Pack(Stage):
-    """Each shard's splits packed into `06-pack/{train,heldout}/SHARD` (a shard too small for one block: skipped)."""
+    """Each shard deduplicated and split (`05-pack/documents/{train,heldout}/SHARD`), then packed into
+    `05-pack/{train,heldout}/SHARD` when the chain has a tokenizer and a pack section (a shard too small for one
+    block: skipped, with the reason in its stats)."""
 
     folder = PACK
 
     def work(self, out, rank, world_size):
-        from datasets import load_from_disk
         from transformers import AutoTokenizer
 
         from ..pipeline import pack_splits
 
         c = self.plan.config
+        splits, stats = kept_splits(self.plan, rank)
+        for name, part in splits.items():
+            tmp = fresh(out / "documents" / name / f".{rank:05d}.tmp")
+            part.save_to_disk(str(tmp))
+            replace_folder(tmp, out / "documents" / name / f"{rank:05d}")
+        if c.tokenizer is None or c.pack is None:
+            return stats, {}
         tokenizer = AutoTokenizer.from_pretrained(str(self.plan.out / TOKENIZER / "tokenizer"))
-        splits = {
-            name: load_from_disk(str(self.plan.out / DEDUP / name / f"{rank:05d}")) for name in ("train", "heldout")
-        }
         for name in splits:
             fresh(out / name / f".{rank:05d}.tmp")
         temporary = lambda name: out / name / f".{rank:05d}.tmp"  # noqa: E731
-        stats = pack_splits(splits, tokenizer, c.text_column, c.pack, c.num_proc, temporary, required=())
+        stats += pack_splits(splits, tokenizer, c.text_column, c.pack, c.num_proc, temporary, required=())
         for name in splits:
-            if (out / name / f".{rank:05d}.tmp").exists():
-                replace_folder(out / name / f".{rank:05d}.tmp", out / name / f"{rank:05d}")
+            if temporary(name).exists():
+                replace_folder(temporary(name), out / name / f"{rank:05d}")
         return stats, {}

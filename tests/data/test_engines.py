@@ -1,0 +1,375 @@
+"""The chain on datatrove's executors (`data/engines/`): local processes, a real Ray cluster and a real one-node Slurm
+give the one-machine chain's documents, tokenizer and packed tokens; the sharded MinHash dedup keeps what
+`MinHashDedup` keeps; a killed task is rerun by a relaunch, a corrupt input file is counted and named, two launches
+at once give the same output. The full matrix (every executor x every fault) is `exhaustive` (`make test-all`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from datasets import Dataset, concatenate_datasets, load_from_disk
+
+from hf_pretrain.cli import main
+from hf_pretrain.data import embedded_documents
+from hf_pretrain.data.dedup import MinHashDedup
+from hf_pretrain.data.engines import dedup_shards
+from hf_pretrain.data.pipeline import PipelineConfig, load_packed, run_pipeline
+
+from .engine_clusters import ray_head, slurm_cluster, slurm_missing, stop_group, wait_until
+from .test_pipeline import dirty_corpus
+
+needs_datatrove = pytest.mark.skipif(
+    importlib.util.find_spec("datatrove") is None,
+    reason="datatrove is not installed: pip install 'hf_pretrain[datatrove]' (make test installs it)",
+)
+ROOT = Path(__file__).resolve().parents[2]
+DEDUP_ON: dict = {}  # the dedup section's defaults
+SETTINGS = {"heldout_fraction": 0.05, "tokenizer": {"vocab_size": 512}, "pack": {"seq_len": 128, "mode": "best_fit"}}
+
+
+# ---- the sharded dedup against MinHashDedup (numpy only) -----------------------------------------------------------
+
+
+def near_copies(seed: int = 0) -> list[str]:
+    """The embedded documents, exact copies (case and spacing changed) and near copies (a word in 80 replaced)."""
+    rng = np.random.default_rng(seed)
+    docs = embedded_documents()
+    texts = list(docs)
+    for doc in docs[:40]:
+        texts.append("  " + doc.upper())
+    for doc in docs[40:120]:
+        words = doc.split()
+        for i in range(int(rng.integers(0, 80)), len(words), 80):
+            words[i] = "edited"
+        texts.append(" ".join(words))
+    return [texts[i] for i in rng.permutation(len(texts))]
+
+
+def sharded_codes(texts: list[str], shards: int, section: dict, tmp: Path) -> tuple[np.ndarray, dict]:
+    """The four stages run by hand over `shards` contiguous shards; the reason code of every row and the counters."""
+    settings = dedup_shards.DedupSettings(section)
+    bounds = np.linspace(0, len(texts), shards + 1).astype(np.int64)
+    for shard in range(shards):
+        column = pa.chunked_array([pa.array(texts[bounds[shard] : bounds[shard + 1]], pa.large_string())])
+        dedup_shards.write_signatures(tmp, shard, column, settings)
+    ranges, units = dedup_shards.bucket_units(settings, shards)
+    for unit in range(units):
+        found = dedup_shards.unit_pairs(tmp, unit, ranges, bounds, settings.bucket_window)
+        dedup_shards.save_array(tmp / "pairs" / f"{unit:05d}.npy", found)
+    pairs = [tmp / "pairs" / f"{unit:05d}.npy" for unit in range(units)]
+    counters = dedup_shards.cluster(tmp, pairs, bounds, settings, tmp / "verdicts")
+    sizes = np.diff(bounds)
+    codes = np.concatenate([dedup_shards.shard_codes(tmp / "verdicts", s, sizes[s]) for s in range(shards)])
+    return codes, counters
+
+
+@pytest.mark.parametrize("shards", [1, 3, 40])  # 40 shards: 3 key ranges per band
+def test_sharded_dedup_drops_what_minhash_dedup_drops(tmp_path, shards):
+    texts = near_copies()
+    block = MinHashDedup(verbose=False)
+    block.run(Dataset.from_dict({"text": texts}))
+    codes, counters = sharded_codes(texts, shards, {}, tmp_path)
+    assert block.stats.extra["exact_duplicates"] >= 40 and block.stats.extra["near_duplicates"] >= 40
+    np.testing.assert_array_equal(codes, block.codes)  # the same rows dropped, for the same reason
+    for key in ("exact_duplicates", "near_duplicates", "clusters", "bands", "rows"):
+        assert counters[key] == block.stats.extra[key], key
+
+
+def test_sharded_exact_dedup_alone(tmp_path):
+    texts = near_copies()
+    codes, counters = sharded_codes(texts, 3, {"minhash": False}, tmp_path)
+    assert counters["exact_duplicates"] == int((codes == 1).sum()) >= 40 and counters["near_duplicates"] == 0
+    seen, expected = set(), []
+    for text in texts:
+        key = " ".join(text.lower().split())
+        expected.append(1 if key in seen else 0)
+        seen.add(key)
+    np.testing.assert_array_equal(codes, expected)
+
+
+# ---- the chain on the executors --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """The dirty corpus in 4 files (so 2 tasks read 2 files each) and the one-machine chain's output over it, with
+    dedup (`one`) and without (`one-nodedup`: the chain of the default Ray and Slurm runs, 3 stages instead of 5)."""
+    root = tmp_path_factory.mktemp("engines")
+    dirty_corpus(root / "raw2")
+    (root / "raw").mkdir()
+    for i, name in enumerate(sorted((root / "raw2").iterdir())):
+        lines = name.read_bytes().splitlines(keepends=True)
+        half = len(lines) // 2
+        (root / "raw" / f"part-{2 * i}.jsonl").write_bytes(b"".join(lines[:half]))
+        (root / "raw" / f"part-{2 * i + 1}.jsonl").write_bytes(b"".join(lines[half:]))
+    for name, dedup in (("one", {}), ("one-nodedup", None)):
+        config = PipelineConfig(input=str(root / "raw"), output_dir=str(root / name), dedup=dedup, **SETTINGS)
+        run_pipeline(config, verbose=False)
+    return root
+
+
+def config_file(corpus: Path, out: Path, dedup: dict | None = DEDUP_ON, **executor) -> Path:
+    path = out.parent / f"{out.name}.json"
+    settings = {"input": str(corpus / "raw"), "output_dir": str(out), **SETTINGS, "dedup": dedup}
+    path.write_text(json.dumps({**settings, "executor": executor}))
+    return path
+
+
+def documents(folder: Path, split: str) -> Dataset:
+    return concatenate_datasets([load_from_disk(str(p)) for p in sorted((folder / split).glob("0*"))])
+
+
+def packed_documents(rows: list[list[int]], eos: int) -> list[tuple[int, ...]]:
+    """Every document of packed rows (best_fit: whole documents, each ending with EOS), sorted."""
+    found = []
+    for row in rows:
+        ends = [i + 1 for i, token in enumerate(row) if token == eos]
+        found += [tuple(row[a:b]) for a, b in zip([0, *ends], ends)]
+    return sorted(found)
+
+
+def assert_one_machine_result(corpus: Path, out: Path, reference: str = "one") -> None:
+    """The same documents kept (in order, every field), the same tokenizer, every document's tokens packed once."""
+    from transformers import AutoTokenizer
+
+    reference = corpus / reference
+    one = load_from_disk(str(reference / "05-split" / "data"))
+    for split in ("train", "heldout"):
+        mine = documents(out / "05-pack" / "documents", split)
+        assert mine["doc_id"] == one[split]["doc_id"] and mine["text"] == one[split]["text"]
+    tokenizer = (reference / "06-tokenizer" / "tokenizer" / "tokenizer.json").read_text()
+    assert (out / "04-tokenizer" / "tokenizer" / "tokenizer.json").read_text() == tokenizer
+    eos = AutoTokenizer.from_pretrained(str(out / "04-tokenizer" / "tokenizer")).eos_token_id
+    theirs, mine = load_packed(reference), load_packed(out)
+    for split in ("train", "heldout"):
+        assert packed_documents(mine[split]["input_ids"], eos) == packed_documents(theirs[split]["input_ids"], eos)
+    one_stats = {s["block"]: s for s in json.loads((reference / "stats.json").read_text())}
+    for s in json.loads((out / "stats.json").read_text()):
+        if s["block"] in ("read", "clean", "exact_dedup", "minhash_dedup", "split"):
+            expected = one_stats[s["block"]]
+            assert (s["documents_in"], s["documents_out"], s["dropped"]) == (
+                expected["documents_in"],
+                expected["documents_out"],
+                expected["dropped"],
+            ), s["block"]
+
+
+def cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "hf_pretrain.cli", "data", "prepare", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, **kwargs)
+
+
+@needs_datatrove
+def test_local_executor_gives_the_one_machine_result_and_a_relaunch_reuses_it(corpus, tmp_path, capsys):
+    out = tmp_path / "local"
+    path = config_file(corpus, out)
+    assert main(["data", "prepare", str(path), "--executor", "local", "--tasks", "2", "--workers", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "01-documents        2     2       0" in printed and "05-pack             2     2       0" in printed
+    assert_one_machine_result(corpus, out)
+    done = (out / "05-pack" / "tasks" / "00001.json").stat().st_mtime_ns
+    assert main(["data", "prepare", str(path), "--executor", "local", "--tasks", "2"]) == 0
+    assert "05-pack             2     0       2" in capsys.readouterr().out  # nothing ran again
+    assert (out / "05-pack" / "tasks" / "00001.json").stat().st_mtime_ns == done
+    assert main(["data", "prepare", str(path), "--executor", "local", "--tasks", "3"]) == 2  # another sharding
+    assert "holds the run of another config, input or number of tasks" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    if importlib.util.find_spec("ray") is None or importlib.util.find_spec("datatrove") is None:
+        pytest.skip("ray or datatrove is not installed: pip install 'hf_pretrain[ray]' (make test installs it)")
+    with ray_head() as address:
+        yield address
+
+
+@pytest.fixture(scope="session")
+def slurm_env():
+    if slurm_missing() or importlib.util.find_spec("datatrove") is None:
+        pytest.skip(f"Slurm ({slurm_missing()}) or datatrove is not installed (make test installs them, as root)")
+    if os.geteuid() != 0:
+        pytest.skip("the one-node Slurm of the tests runs its daemons as root")
+    with slurm_cluster() as env:
+        yield env
+
+
+def test_ray_executor_gives_the_one_machine_result(corpus, tmp_path, ray_address):
+    out = tmp_path / "ray"
+    path = config_file(corpus, out, None, kind="ray", tasks=2, address=ray_address, mem_per_cpu_gb=1)
+    run = cli(str(path))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "(executor ray" in run.stdout
+    assert_one_machine_result(corpus, out, "one-nodedup")
+
+
+def test_slurm_executor_gives_the_one_machine_result(corpus, tmp_path, slurm_env):
+    out = tmp_path / "slurm"
+    path = config_file(corpus, out, None, kind="slurm", tasks=2, mem_per_cpu_gb=1)
+    run = cli(str(path), env=slurm_env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "[slurm] submitted job(s)" in run.stdout and "(executor slurm" in run.stdout
+    script = (out / "logs" / "01-documents" / "launch_script.slurm").read_text()
+    assert "#SBATCH --array=0-1" in script and "launch_pickled_pipeline" in script
+    assert_one_machine_result(corpus, out, "one-nodedup")
+
+
+# ---- faults ----------------------------------------------------------------------------------------------------------
+
+FAULTY_LAUNCH = """
+import json, os, sys, time
+from pathlib import Path
+from hf_pretrain.data.engines import stages
+from hf_pretrain.data.pipeline import PipelineConfig, run_pipeline
+
+MARK = Path({mark!r})
+
+class Stopped(stages.Documents):
+    # Task 1 does its work, then, the first time only, stops before its completion mark until it is killed.
+    def work(self, out, rank, world_size):
+        result = super().work(out, rank, world_size)
+        if rank == 1 and not MARK.exists():
+            parent = os.getppid()
+            MARK.write_text(json.dumps({{"pid": os.getpid(), "parent": parent}}))
+            while os.getppid() == parent:  # the parent killed (a Ray actor): this orphan ends too
+                time.sleep(0.1)
+            os._exit(1)
+        return result
+
+stages.Documents = Stopped
+if __name__ == "__main__":
+    run_pipeline(PipelineConfig.from_file({config!r}))
+"""
+
+
+def killed_task_then_relaunch(corpus: Path, tmp_path: Path, env: dict | None = None, **executor) -> str:
+    """Launch with task 1 of the documents stage stopped, kill it (-9), relaunch; returns the relaunch's output."""
+    out = tmp_path / executor["kind"]
+    path = config_file(corpus, out, **executor)
+    mark = tmp_path / "stopped.json"
+    script = tmp_path / "faulty.py"
+    script.write_text(textwrap.dedent(FAULTY_LAUNCH.format(mark=str(mark), config=str(path))))
+    launch = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_until(lambda: mark.exists() or launch.poll() is not None, 300, "the stopped task")
+        assert mark.exists(), launch.stdout.read()[-3000:]
+        task = json.loads(mark.read_text())
+        documents = out / "01-documents"
+        assert (documents / "data" / "00001").exists() and not (documents / "tasks" / "00001.json").exists()
+        wait_until(lambda: (documents / "tasks" / "00000.json").exists(), 300, "task 0 of the documents stage")
+        if executor["kind"] == "ray":  # the actor that runs the task: Ray's retry runs it again in this launch
+            os.kill(task["parent"], signal.SIGKILL)
+        os.kill(task["pid"], signal.SIGKILL)
+        if executor["kind"] == "local":  # the pool waits forever for a lost task: the launch dies with it
+            stop_group(launch.pid, grace=0)
+        output = launch.communicate(timeout=600)[0]
+    finally:
+        stop_group(launch.pid, grace=0)
+    if executor["kind"] == "ray":
+        assert launch.returncode == 0, output[-3000:]
+        return output
+    if executor["kind"] == "slurm":
+        assert launch.returncode != 0 and "01-documents: 1 of 2 task(s) did not complete ([1])" in output, output
+    assert (documents / "tasks" / "00000.json").exists() and not (documents / "tasks" / "00001.json").exists()
+    relaunch = cli(str(path), env=env)
+    assert relaunch.returncode == 0, relaunch.stderr[-3000:]
+    return relaunch.stdout
+
+
+@needs_datatrove
+def test_a_killed_local_task_is_rerun_by_a_relaunch(corpus, tmp_path):
+    printed = killed_task_then_relaunch(corpus, tmp_path, kind="local", tasks=2, workers=2)
+    assert "01-documents        2     1       1" in printed  # only the killed task ran again
+    assert_one_machine_result(corpus, tmp_path / "local")
+
+
+@pytest.mark.exhaustive
+def test_a_killed_ray_task_is_rerun_by_ray(corpus, tmp_path, ray_address):
+    killed_task_then_relaunch(corpus, tmp_path, kind="ray", tasks=2, address=ray_address, mem_per_cpu_gb=1)
+    assert_one_machine_result(corpus, tmp_path / "ray")
+
+
+@pytest.mark.exhaustive
+def test_a_killed_slurm_task_is_rerun_by_a_relaunch(corpus, tmp_path, slurm_env):
+    printed = killed_task_then_relaunch(corpus, tmp_path, env=slurm_env, kind="slurm", tasks=2, mem_per_cpu_gb=1)
+    assert "01-documents        2     1       1" in printed
+    assert_one_machine_result(corpus, tmp_path / "slurm")
+
+
+def corrupt_corpus(folder: Path) -> None:
+    import gzip
+
+    folder.mkdir()
+    docs = [json.dumps({"text": d}) + "\n" for d in embedded_documents()[:60]]
+    (folder / "part-0.jsonl").write_text("".join(docs[:20]))
+    whole = gzip.compress("".join(docs[20:40]).encode())
+    (folder / "part-1.jsonl.gz").write_bytes(whole[: len(whole) // 2])  # a download cut short
+    (folder / "part-2.jsonl").write_text("".join(docs[40:]))
+
+
+def check_corrupt_named(out: Path, printed: str) -> None:
+    read = json.loads((out / "stats.json").read_text())[0]
+    assert read["block"] == "read" and read["dropped"].get("corrupt_compression") == 1
+    assert len(read["extra"]["corrupt_files"]) == 1 and read["extra"]["corrupt_files"][0].startswith("part-1.jsonl.gz")
+    assert "corrupt input, read up to the break" in printed and "part-1.jsonl.gz:after" in printed
+
+
+@needs_datatrove
+def test_a_corrupt_input_file_is_counted_and_named(tmp_path, capsys):
+    corrupt_corpus(tmp_path / "raw")
+    config = {"input": str(tmp_path / "raw"), "output_dir": str(tmp_path / "out"), "tokenizer": None, "clean": None}
+    (tmp_path / "c.json").write_text(json.dumps({**config, "executor": {"kind": "local", "tasks": 3}}))
+    assert main(["data", "prepare", str(tmp_path / "c.json")]) == 0
+    check_corrupt_named(tmp_path / "out", capsys.readouterr().out)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("kind", ["ray", "slurm"])
+def test_a_corrupt_input_file_is_counted_and_named_on(kind, tmp_path, request):
+    env, executor = None, {"kind": kind, "tasks": 3, "mem_per_cpu_gb": 1}
+    if kind == "ray":
+        executor["address"] = request.getfixturevalue("ray_address")
+    else:
+        env = request.getfixturevalue("slurm_env")
+    corrupt_corpus(tmp_path / "raw")
+    config = {"input": str(tmp_path / "raw"), "output_dir": str(tmp_path / "out"), "tokenizer": None, "clean": None}
+    (tmp_path / "c.json").write_text(json.dumps({**config, "executor": executor}))
+    run = cli(str(tmp_path / "c.json"), env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    check_corrupt_named(tmp_path / "out", run.stdout)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("kind", ["local", "ray", "slurm"])
+def test_two_launches_at_once_give_the_one_machine_result(kind, corpus, tmp_path, request):
+    env, executor = None, {"kind": kind, "tasks": 2, "mem_per_cpu_gb": 1}
+    if kind == "ray":
+        executor["address"] = request.getfixturevalue("ray_address")
+    if kind == "slurm":
+        env = request.getfixturevalue("slurm_env")
+    path = config_file(corpus, tmp_path / kind, **executor)
+    command = [sys.executable, "-m", "hf_pretrain.cli", "data", "prepare", str(path)]
+    launches = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    wait_until(lambda: (tmp_path / kind / "locks").exists(), 300, "the first launch's first task")
+    launches.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for launch in launches:
+        _, err = launch.communicate(timeout=600)
+        assert launch.returncode == 0, err[-3000:]
+    assert_one_machine_result(corpus, tmp_path / kind)
