@@ -14,7 +14,7 @@ ACCELERATE_ARGS ?= --num_processes 1 --num_machines 1 --mixed_precision no --dyn
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hf_pretrain-installed
 
-.PHONY: pretrain test test-all lint venv clean
+.PHONY: pretrain test test-all lint venv engines clean
 
 venv: $(STAMP)
 
@@ -28,14 +28,17 @@ $(STAMP): setup.cfg pyproject.toml
 pretrain: $(STAMP)
 	$(BIN)/accelerate launch $(ACCELERATE_ARGS) examples/pretrain.py $(ARGS)
 
+engines:  # Slurm's daemons for the executor tests (root + apt-get; else those tests skip): quick when installed
+	bash .ci/install_engines
+
 lint: $(STAMP)
 	$(BIN)/ruff check hf_pretrain examples benchmarks tests
 	$(BIN)/ruff format --check hf_pretrain examples benchmarks tests
 
-test: lint
+test: lint engines
 	$(BIN)/python -m pytest -m "not exhaustive" --durations=15 $(PYTEST_ARGS)
 
-test-all: lint
+test-all: lint engines
 	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
 
 clean:
