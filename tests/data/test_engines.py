@@ -55,8 +55,8 @@ def near_copies(seed: int = 0) -> list[str]:
     return [texts[i] for i in rng.permutation(len(texts))]
 
 
-def sharded_codes(texts: list[str], shards: int, section: dict, tmp: Path) -> tuple[np.ndarray, dict]:
-    """The four stages run by hand over `shards` contiguous shards; the reason code of every row and the counters."""
+def sharded_codes(texts: list[str], shards: int, section: dict, tmp: Path) -> tuple[np.ndarray, dict, np.ndarray]:
+    """The four stages run by hand over `shards` contiguous shards: each row's reason code and kept copy, counters."""
     settings = dedup_shards.DedupSettings(section)
     bounds = np.linspace(0, len(texts), shards + 1).astype(np.int64)
     for shard in range(shards):
@@ -70,7 +70,7 @@ def sharded_codes(texts: list[str], shards: int, section: dict, tmp: Path) -> tu
     counters = dedup_shards.cluster(tmp, pairs, bounds, settings, tmp / "verdicts")
     sizes = np.diff(bounds)
     codes = np.concatenate([dedup_shards.shard_codes(tmp / "verdicts", s, sizes[s]) for s in range(shards)])
-    return codes, counters
+    return codes, counters, dedup_shards.global_roots(tmp / "verdicts", bounds)
 
 
 @pytest.mark.parametrize("shards", [1, 3, 40])  # 40 shards: 3 key ranges per band
@@ -78,16 +78,17 @@ def test_sharded_dedup_drops_what_minhash_dedup_drops(tmp_path, shards):
     texts = near_copies()
     block = MinHashDedup(verbose=False)
     block.run(Dataset.from_dict({"text": texts}))
-    codes, counters = sharded_codes(texts, shards, {}, tmp_path)
+    codes, counters, roots = sharded_codes(texts, shards, {}, tmp_path)
     assert block.stats.extra["exact_duplicates"] >= 40 and block.stats.extra["near_duplicates"] >= 40
     np.testing.assert_array_equal(codes, block.codes)  # the same rows dropped, for the same reason
+    np.testing.assert_array_equal(roots, block.roots)  # each for the same kept copy
     for key in ("exact_duplicates", "near_duplicates", "clusters", "bands", "rows"):
         assert counters[key] == block.stats.extra[key], key
 
 
 def test_sharded_exact_dedup_alone(tmp_path):
     texts = near_copies()
-    codes, counters = sharded_codes(texts, 3, {"minhash": False}, tmp_path)
+    codes, counters, _ = sharded_codes(texts, 3, {"minhash": False}, tmp_path)
     assert counters["exact_duplicates"] == int((codes == 1).sum()) >= 40 and counters["near_duplicates"] == 0
     seen, expected = set(), []
     for text in texts:

@@ -13,7 +13,7 @@ without one process holding every document's band keys:
 3. clusters (one task): the candidate pairs, each linked when the content hashes are equal (exact) or, with
    `verify`, when the signatures' estimated Jaccard is >= threshold (signatures read for a block of pairs at a
    time); union-find (`lsh.union_find_roots`) keeps the lowest global id of each cluster, as `MinHashDedup` keeps
-   the lowest row: `verdicts/S.npy` per shard, (row, reason code), and the counters;
+   the lowest row: `verdicts/S.npy` per shard, (row, reason code, global id of the copy kept), and the counters;
 4. the shard's task drops its listed rows with their reasons (`stages.py`, through the dedup blocks' own marking).
 
 Memory: a signatures task holds its shard's batch; a buckets task the keys of its range (12 bytes a document of
@@ -36,7 +36,7 @@ from ..lsh import band_keys, candidate_pairs, estimated_jaccard, union_find_root
 from ..minhash import content_hashes, minhash_signatures
 
 BAND = np.dtype([("key", "<u8"), ("row", "<u4")])
-VERDICT = np.dtype([("row", "<u4"), ("code", "i1")])  # code: index into dedup.REASONS
+VERDICT = np.dtype([("row", "<u4"), ("code", "i1"), ("kept", "<i8")])  # code: dedup.REASONS; kept: the global id kept
 _PAIRS_BLOCK = 1 << 16
 
 
@@ -186,7 +186,7 @@ def cluster(
     nodes = np.unique(edges)
     roots = nodes[union_find_roots(len(nodes), np.searchsorted(nodes, edges))] if len(nodes) else nodes
     copies = np.unique(pairs[exact][:, 1])  # a lower document has the same content hash: an exact duplicate
-    dropped = nodes[roots != nodes]
+    dropped, kept = nodes[roots != nodes], roots[roots != nodes]
     is_exact = np.isin(dropped, copies)
     codes = np.where(is_exact, REASONS.index(EXACT), REASONS.index(NEAR)).astype(np.int8)
     unique_members = ~np.isin(nodes, copies)
@@ -195,7 +195,7 @@ def cluster(
     for shard in range(len(offsets) - 1):
         mine = shards == shard
         table = np.empty(int(mine.sum()), VERDICT)
-        table["row"], table["code"] = dropped[mine] - offsets[shard], codes[mine]
+        table["row"], table["code"], table["kept"] = dropped[mine] - offsets[shard], codes[mine], kept[mine]
         save_array(verdicts / f"{shard:05d}.npy", table)
     return {
         "exact_duplicates": int(is_exact.sum()),
@@ -208,6 +208,15 @@ def cluster(
         "num_perm": settings.num_perm,
         "threshold": settings.threshold,
     }
+
+
+def global_roots(folder: Path, offsets: np.ndarray) -> np.ndarray:
+    """Per document (global id), the global id of the copy kept of it (itself when it is kept)."""
+    roots = np.arange(offsets[-1], dtype=np.int64)
+    for shard in range(len(offsets) - 1):
+        verdicts = load_array(folder / f"{shard:05d}.npy")
+        roots[verdicts["row"].astype(np.int64) + offsets[shard]] = verdicts["kept"]
+    return roots
 
 
 def shard_codes(folder: Path, shard: int, num_rows: int) -> np.ndarray:
