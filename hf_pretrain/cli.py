@@ -113,6 +113,11 @@ def report(argv: list[str]) -> int:
     except FileNotFoundError as err:
         raise ValueError(str(err)) from err
     print(f"wrote {png} and {page}")
+    from .report.dashboard import format_mixture
+    from .telemetry.jsonl import read_jsonl
+
+    if mixture := format_mixture(read_jsonl(args.run_dir)):
+        print(mixture)
     return 0
 
 

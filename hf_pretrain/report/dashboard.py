@@ -7,7 +7,8 @@ rank; memory; utilization beside power as a share of its limit; the downstream t
 accuracy (0 = chance) and bits per byte. The HTML page opens with a summary table (`summary.py`). Warnings of the run
 (straggler, under-clock, attention fallback) are merged into episodes (consecutive logs carrying
 one), drawn as a line at their start and a shaded span over their length on every panel, and
-listed in the HTML page. A series the device never reported is drawn as
+listed in the HTML page, with the realised token share of each source of a data mixture (`telemetry/mixture.py`)
+beside its target. A series the device never reported is drawn as
 the word "unavailable", not as a line at 0. Written with matplotlib's Agg backend (no display
 needed); the HTML page embeds the PNG and the warnings, so it is one self-contained file.
 """
@@ -85,6 +86,22 @@ def episodes(records: list[dict]) -> list[tuple[int, int, str, str]]:
     return [tuple(e) for e in out]
 
 
+def mixture_shares(records: list[dict]) -> tuple[int, dict[str, tuple[float, float]]]:
+    """The last logged data mixture (`telemetry/mixture.py`): (step, source -> (realised share, target))."""
+    for record in reversed(records):
+        names = [k.split("/")[1] for k in record if k.startswith("mixture/") and k.endswith("/share")]
+        if names:
+            return record["step"], {n: (record[f"mixture/{n}/share"], record[f"mixture/{n}/target"]) for n in names}
+    return 0, {}
+
+
+def format_mixture(records: list[dict]) -> str:
+    """One line: each source's realised token share and target at the last log, or "" without a mixture."""
+    step, shares = mixture_shares(records)
+    parts = [f"{name} {share:.3f} (target {target:.3f})" for name, (share, target) in shares.items()]
+    return f"data mixture at step {step}: " + ", ".join(parts) if parts else ""
+
+
 def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tuple[Path, Path]:
     """Write `report.png` and `report.html` (into `out_dir`, default the run directory)."""
     run_dir = Path(run_dir)
@@ -152,6 +169,20 @@ def _decorate(ax, panel: str, records: list[dict]) -> None:
         twin.legend(fontsize=8, loc="upper center")
 
 
+def _mixture_html(records: list[dict]) -> str:
+    step, shares = mixture_shares(records)
+    if not shares:
+        return ""
+    rows = "".join(
+        f"<tr><td>{html.escape(n)}</td><td>{share:.3f}</td><td>{target:.3f}</td></tr>"
+        for n, (share, target) in shares.items()
+    )
+    return (
+        f"<h2>Data mixture (step {step})</h2><table><tr><th>source</th><th>realised token share</th>"
+        f"<th>target</th></tr>{rows}</table>"
+    )
+
+
 def _html(run_dir: Path, png: Path, records: list[dict], spans: list[tuple[int, int, str, str]]) -> str:
     image = base64.b64encode(png.read_bytes()).decode()
     last = next((r for r in reversed(records) if "loss" in r), {})
@@ -169,6 +200,6 @@ def _html(run_dir: Path, png: Path, records: list[dict], spans: list[tuple[int, 
         "<style>body{font-family:sans-serif;max-width:1300px;margin:auto}li{margin:4px 0}th{text-align:left;"
         "padding-right:16px}</style></head><body>"
         f"<h1>{html.escape(run_dir.name)}</h1><table>{table}</table><p>last training log: {html.escape(summary)}</p>"
-        f"<h2>Warnings</h2><ul>{items}</ul><img alt='dashboard' style='width:100%' src='data:image/png;base64,{image}'>"
+        f"<h2>Warnings</h2><ul>{items}</ul>{_mixture_html(records)}<img alt='dashboard' style='width:100%' src='data:image/png;base64,{image}'>"
         "</body></html>"
     )

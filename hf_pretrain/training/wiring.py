@@ -22,6 +22,7 @@ from ..preflight.attention import AttentionReport, attention_preflight, enforce_
 from ..preflight.compile import CompileCallback
 from ..telemetry.hardware import HardwareSensorsCallback
 from ..telemetry.jsonl import JsonlCallback
+from ..telemetry.mixture import MixtureCallback
 from ..telemetry.moe import MoECallback
 from ..telemetry.straggler import StragglerCallback
 from ..telemetry.throughput import ThroughputCallback, sequence_length
@@ -60,6 +61,7 @@ RUN_CALLBACKS: tuple[type[PretrainCallback], ...] = (
     HardwareSensorsCallback,
     UnderclockCallback,
     StragglerCallback,
+    MixtureCallback,
     JsonlCallback,
     GenerationProbeCallback,
     DownstreamEvalCallback,

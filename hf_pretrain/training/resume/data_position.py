@@ -51,8 +51,9 @@ class DataPosition:
         if type(sampler) is RandomSampler and not sampler.replacement:
             args = self.trainer.args
             seed = args.data_seed if args.data_seed is not None else args.seed
+            in_order = getattr(sampler.data_source, "keeps_order", False)  # a dataset in training order (mixtures)
             self.sampler = sampler = ResumableSampler(
-                len(sampler.data_source), seed, pad_to_multiple_of=self._epoch_padding()
+                len(sampler.data_source), seed, shuffle=not in_order, pad_to_multiple_of=self._epoch_padding()
             )
         return sampler
 
