@@ -5,7 +5,9 @@ at once give the same output. The full matrix (every executor x every fault) is 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import signal
@@ -232,18 +234,22 @@ from pathlib import Path
 from hf_pretrain.data.engines import stages
 from hf_pretrain.data.pipeline import PipelineConfig, run_pipeline
 
-MARK = Path({mark!r})
+MARK, GO, CALLS = Path({mark!r}), Path({go!r}), Path({calls!r})
 
 class Stopped(stages.Documents):
-    # Task 1 does its work, then, the first time only, stops before its completion mark until it is killed.
+    # Task 1 does its work, then, the first time only, stops before its completion mark: until it is killed, or
+    # until the test writes GO. Every call of a task's work is counted in CALLS.
     def work(self, out, rank, world_size):
+        with open(CALLS, "a") as calls:
+            calls.write(f"{{rank}}\\n")
         result = super().work(out, rank, world_size)
         if rank == 1 and not MARK.exists():
             parent = os.getppid()
             MARK.write_text(json.dumps({{"pid": os.getpid(), "parent": parent}}))
-            while os.getppid() == parent:  # the parent killed (a Ray actor): this orphan ends too
+            while os.getppid() == parent and not GO.exists():  # a killed parent (a Ray actor) ends this orphan
                 time.sleep(0.1)
-            os._exit(1)
+            if not GO.exists():
+                os._exit(1)
         return result
 
 stages.Documents = Stopped
@@ -252,25 +258,31 @@ if __name__ == "__main__":
 """
 
 
+def faulty_launch(tmp_path: Path, path: Path, env: dict | None, name: str = "launch") -> subprocess.Popen:
+    """A launch of `path` whose documents task 1 stops once (see FAULTY_LAUNCH), in its own process group; its
+    output goes to `tmp_path/NAME.log` (a pipe nobody reads while it runs could fill and stop it)."""
+    script = tmp_path / "faulty.py"
+    marks = {key: str(tmp_path / f"{key}.txt") for key in ("mark", "go", "calls")}
+    script.write_text(textwrap.dedent(FAULTY_LAUNCH.format(config=str(path), **marks)))
+    with open(tmp_path / f"{name}.log", "w") as log:
+        return subprocess.Popen(
+            [sys.executable, str(script)], cwd=ROOT, env=env, start_new_session=True, stdout=log, stderr=log
+        )
+
+
+def launch_output(tmp_path: Path, name: str = "launch") -> str:
+    return (tmp_path / f"{name}.log").read_text()
+
+
 def killed_task_then_relaunch(corpus: Path, tmp_path: Path, env: dict | None = None, **executor) -> str:
     """Launch with task 1 of the documents stage stopped, kill it (-9), relaunch; returns the relaunch's output."""
     out = tmp_path / executor["kind"]
     path = config_file(corpus, out, **executor)
-    mark = tmp_path / "stopped.json"
-    script = tmp_path / "faulty.py"
-    script.write_text(textwrap.dedent(FAULTY_LAUNCH.format(mark=str(mark), config=str(path))))
-    launch = subprocess.Popen(
-        [sys.executable, str(script)],
-        cwd=ROOT,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    mark = tmp_path / "mark.txt"
+    launch = faulty_launch(tmp_path, path, env)
     try:
         wait_until(lambda: mark.exists() or launch.poll() is not None, 300, "the stopped task")
-        assert mark.exists(), launch.stdout.read()[-3000:]
+        assert mark.exists(), launch_output(tmp_path)[-3000:]
         task = json.loads(mark.read_text())
         documents = out / "01-documents"
         assert (documents / "data" / "00001").exists() and not (documents / "tasks" / "00001.json").exists()
@@ -280,7 +292,8 @@ def killed_task_then_relaunch(corpus: Path, tmp_path: Path, env: dict | None = N
         os.kill(task["pid"], signal.SIGKILL)
         if executor["kind"] == "local":  # the pool waits forever for a lost task: the launch dies with it
             stop_group(launch.pid, grace=0)
-        output = launch.communicate(timeout=600)[0]
+        launch.wait(timeout=600)
+        output = launch_output(tmp_path)
     finally:
         stop_group(launch.pid, grace=0)
     if executor["kind"] == "ray":
@@ -289,6 +302,11 @@ def killed_task_then_relaunch(corpus: Path, tmp_path: Path, env: dict | None = N
     if executor["kind"] == "slurm":
         assert launch.returncode != 0 and "01-documents: 1 of 2 task(s) did not complete ([1])" in output, output
     assert (documents / "tasks" / "00000.json").exists() and not (documents / "tasks" / "00001.json").exists()
+    if executor["kind"] == "local":  # in this process: no second interpreter start
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            assert main(["data", "prepare", str(path)]) == 0
+        return printed.getvalue()
     relaunch = cli(str(path), env=env)
     assert relaunch.returncode == 0, relaunch.stderr[-3000:]
     return relaunch.stdout
@@ -357,20 +375,36 @@ def test_a_corrupt_input_file_is_counted_and_named_on(kind, tmp_path, request):
     check_corrupt_named(tmp_path / "out", run.stdout)
 
 
+def lock_waited_for(lock: Path) -> bool:
+    """Whether a process waits for the flock on `lock` (a `->` line of /proc/locks names the waiters)."""
+    inode = f":{lock.stat().st_ino} "
+    return any("->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
+
+
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("kind", ["local", "ray", "slurm"])
-def test_two_launches_at_once_give_the_one_machine_result(kind, corpus, tmp_path, request):
+def test_two_launches_at_once_run_a_task_once_and_give_the_one_machine_result(kind, corpus, tmp_path, request):
+    """The first launch's task 1 stops holding its lock; a second launch waits for that lock, then finds the task
+    done: it runs once, and both launches end with the one-machine result."""
     env, executor = None, {"kind": kind, "tasks": 2, "mem_per_cpu_gb": 1}
     if kind == "ray":
         executor["address"] = request.getfixturevalue("ray_address")
     if kind == "slurm":
         env = request.getfixturevalue("slurm_env")
     path = config_file(corpus, tmp_path / kind, **executor)
-    command = [sys.executable, "-m", "hf_pretrain.cli", "data", "prepare", str(path)]
-    launches = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
-    wait_until(lambda: (tmp_path / kind / "locks").exists(), 300, "the first launch's first task")
-    launches.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for launch in launches:
-        _, err = launch.communicate(timeout=600)
-        assert launch.returncode == 0, err[-3000:]
+    first = faulty_launch(tmp_path, path, env)
+    second = None
+    try:
+        wait_until(lambda: (tmp_path / "mark.txt").exists() or first.poll() is not None, 300, "the stopped task")
+        second = faulty_launch(tmp_path, path, env, "second")
+        lock = tmp_path / kind / "locks" / "01-documents-00001.lock"
+        wait_until(lambda: lock_waited_for(lock) or second.poll() is not None, 300, "the second launch at the lock")
+        (tmp_path / "go.txt").write_text("")
+        for launch, name in ((first, "launch"), (second, "second")):
+            assert launch.wait(timeout=600) == 0, launch_output(tmp_path, name)[-3000:]
+    finally:
+        for launch in (first, second):
+            if launch is not None:
+                stop_group(launch.pid, grace=0)
+    assert (tmp_path / "calls.txt").read_text().split().count("1") == 1  # task 1's work ran once
     assert_one_machine_result(corpus, tmp_path / kind)
