@@ -47,6 +47,10 @@ def ray_head(cpus: int = 2):
     command = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--num-cpus={cpus}"]
     command += [f"--port={port}", "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats"]
     command += [f"--temp-dir={root}"]
+    # Token authentication off, for the head and (through os.environ) every client of this session: the cluster
+    # listens on 127.0.0.1 only, and a token left in ~/.ray by another local Ray would otherwise switch it on.
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     with open(log, "w") as out:
         head = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
@@ -58,6 +62,10 @@ def ray_head(cpus: int = 2):
     finally:
         stop_group(head.pid, grace=2.0)
         shutil.rmtree(root, ignore_errors=True)
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
 
 
 def stop_group(pgid: int, grace: float = 5.0) -> None:
