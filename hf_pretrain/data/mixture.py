@@ -180,7 +180,7 @@ def load_source(path: str | Path, split: str):
 class MixtureDataset(torch.utils.data.Dataset):
     """The mixture's rows in training order (see the module docstring); items hold `input_ids` (and `source`)."""
 
-    keeps_order = True  # PretrainTrainer's sampler reads it in this order (training/data_position.py)
+    keeps_order = True  # PretrainTrainer's sampler reads it in this order (training/resume/data_position.py)
 
     def __init__(self, config: MixtureConfig):
         self.config = config
