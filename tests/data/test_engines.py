@@ -229,28 +229,33 @@ def test_slurm_executor_gives_the_one_machine_result(corpus, tmp_path, slurm_env
 # ---- faults ----------------------------------------------------------------------------------------------------------
 
 FAULTY_LAUNCH = """
-import json, os, sys, time
-from pathlib import Path
 from hf_pretrain.data.engines import stages
 from hf_pretrain.data.pipeline import PipelineConfig, run_pipeline
 
-MARK, GO, CALLS = Path({mark!r}), Path({go!r}), Path({calls!r})
 
 class Stopped(stages.Documents):
     # Task 1 does its work, then, the first time only, stops before its completion mark: until it is killed, or
-    # until the test writes GO. Every call of a task's work is counted in CALLS.
+    # until the test writes GO. Every call of a task's work is counted in CALLS. Everything it reads is inside the
+    # class: a Slurm task unpickles it (dill, by value) without this script's globals.
+    files = {{"mark": {mark!r}, "go": {go!r}, "calls": {calls!r}}}
+
     def work(self, out, rank, world_size):
-        with open(CALLS, "a") as calls:
+        import json, os, time
+        from pathlib import Path
+
+        mark, go = Path(self.files["mark"]), Path(self.files["go"])
+        with open(self.files["calls"], "a") as calls:
             calls.write(f"{{rank}}\\n")
         result = super().work(out, rank, world_size)
-        if rank == 1 and not MARK.exists():
+        if rank == 1 and not mark.exists():
             parent = os.getppid()
-            MARK.write_text(json.dumps({{"pid": os.getpid(), "parent": parent}}))
-            while os.getppid() == parent and not GO.exists():  # a killed parent (a Ray actor) ends this orphan
+            mark.write_text(json.dumps({{"pid": os.getpid(), "parent": parent}}))
+            while os.getppid() == parent and not go.exists():  # a killed parent (a Ray actor) ends this orphan
                 time.sleep(0.1)
-            if not GO.exists():
+            if not go.exists():
                 os._exit(1)
         return result
+
 
 stages.Documents = Stopped
 if __name__ == "__main__":
