@@ -118,10 +118,52 @@ def open_lines(path: str | Path) -> io.BufferedIOBase:
             import zstandard
         except ImportError:
             raise ValueError(f"{name}: reading .zst files needs the zstandard package: pip install zstandard") from None
-        raw = open(name, "rb")  # noqa: SIM115  (closed with the reader: closefd)
-        # every frame (zstandard.open stops after the first: files joined with cat have several)
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True))
+        return io.BufferedReader(ZstdFrames(open(name, "rb"), zstandard.ZstdDecompressor()))  # noqa: SIM115
     return open(name, "rb")
+
+
+class ZstdFrames(io.RawIOBase):
+    """The bytes of every frame of a `.zst` stream (files joined with cat have several), and EOFError when the
+    stream ends inside a frame, as gzip, bz2 and lzma raise. Written by hand: zstandard's `stream_reader` (with
+    `read_across_frames`) returns what it decoded so far and stops at a cut as if the file were whole."""
+
+    CHUNK = 1 << 17
+
+    def __init__(self, raw: io.BufferedIOBase, decompressor):
+        super().__init__()
+        self._raw, self._decompressor = raw, decompressor
+        self._frame = None  # the decompressor of the frame being read; None between frames
+        self._out, self._at = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self._at == len(self._out):
+            chunk = self._raw.read(self.CHUNK)
+            if not chunk:
+                if self._frame is not None:
+                    raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+                return 0
+            self._out, self._at = self._decode(chunk), 0
+        n = min(len(buffer), len(self._out) - self._at)
+        buffer[:n] = self._out[self._at : self._at + n]
+        self._at += n
+        return n
+
+    def _decode(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            self._frame = self._frame or self._decompressor.decompressobj()
+            out.append(self._frame.decompress(data))
+            if not self._frame.eof:
+                break
+            data, self._frame = self._frame.unused_data, None
+        return b"".join(out)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 def _stream_errors() -> tuple[type[BaseException], ...]:

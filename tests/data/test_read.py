@@ -253,3 +253,35 @@ def test_the_main_jobs_loader_skips_null_text(tmp_path, capsys):
     splits = load_text_dataset(tmp_path / "saved")
     assert splits["train"]["text"] == ["a", "b"] and splits["heldout"]["text"] == ["c"]
     assert splits["heldout"]["doc_id"] == ["saved/test[1]"]
+
+
+def _frames(suffix: str, parts: list[bytes]) -> list[bytes]:
+    """Each part as its own frame / member / stream, as files joined with cat are."""
+    if suffix == ".zst":
+        import zstandard
+
+        return [zstandard.ZstdCompressor().compress(p) for p in parts]
+    return [{".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}[suffix](p) for p in parts]
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz", ".zst"])
+@pytest.mark.parametrize("where", ["first frame", "second frame", "second frame header", "last byte"])
+def test_every_compression_cut_anywhere_keeps_the_lines_before_and_counts_the_break(tmp_path, suffix, where):
+    docs = [f"document {i} " + "word " * 40 for i in range(2000)]  # 200 kB a frame: several zstd blocks
+    lines = [json.dumps({"text": d}).encode() + b"\n" for d in docs]
+    first, second = _frames(suffix, [b"".join(lines[:1000]), b"".join(lines[1000:])])
+    whole = first + second
+    cut = {
+        "first frame": len(first) // 2,
+        "second frame": len(first) + len(second) // 2,
+        "second frame header": len(first) + 3,
+        "last byte": len(whole) - 1,
+    }[where]
+    (tmp_path / f"a.jsonl{suffix}").write_bytes(whole[:cut])
+    (tmp_path / "b.jsonl").write_text('{"text": "whole file"}\n')  # a bz2 block cut short yields no line at all
+    reader = ReadFiles()
+    *texts, last = [row["text"] for row in reader.run(tmp_path)]
+    assert last == "whole file" and texts == docs[: len(texts)]  # the lines before the cut, in order, nothing half-read
+    if cut > len(first):
+        assert len(texts) >= 1000  # every line of the whole first frame
+    assert reader.stats.dropped == {"corrupt_compression": 1}, reader.stats.dropped
