@@ -19,9 +19,7 @@ import dataclasses
 import json
 import sys
 
-import torch
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = ("bf16", "fp16", "fp32")  # torch dtypes by name: the package imports torch only in the commands that run it
 
 
 def doctor(argv: list[str]) -> int:
@@ -34,17 +32,13 @@ def doctor(argv: list[str]) -> int:
         parser.add_argument("--megabytes", type=float, default=4.0, help="size of the timed all-reduce")
         args = parser.parse_args(argv)
         return run_doctor(args.timeout, args.megabytes)
-    from .modeling.attention import Environment
-    from .preflight.attention import attention_preflight
-    from .presets import load_config
-
     parser = argparse.ArgumentParser(
         prog="hf-pretrain doctor", description="Attention preflight for a config on this machine."
     )
     parser.add_argument("--config", required=True, help="preset name, saved model directory or config.json")
     parser.add_argument("--seq-len", type=int, default=None, help="context length (default: max_position_embeddings)")
     parser.add_argument(
-        "--dtype", choices=sorted(DTYPES), default=None, help="compute dtype (default: bf16 on CUDA, else fp32)"
+        "--dtype", choices=DTYPES, default=None, help="compute dtype (default: bf16 on CUDA, else fp32)"
     )
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--packed", action="store_true", help="batches hold several documents per row")
@@ -62,11 +56,19 @@ def doctor(argv: list[str]) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
+    import torch
+
+    from .modeling.attention import Environment
+    from .preflight.attention import attention_preflight
+    from .presets import load_config
+
     config = load_config(args.config)
     if args.attention_backend:
         config.attention_backend = args.attention_backend
     device = "cuda" if args.capability else args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = DTYPES[args.dtype or ("bf16" if device == "cuda" else "fp32")]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
+        args.dtype or ("bf16" if device == "cuda" else "fp32")
+    ]
     env = Environment.detect(device, dtype, training=not args.inference)
     if args.capability:
         major, _, minor = args.capability.partition(".")
@@ -81,8 +83,6 @@ def doctor(argv: list[str]) -> int:
 
 
 def advise_restart_cli(argv: list[str]) -> int:
-    from .preflight.restart import advise_restart
-
     parser = argparse.ArgumentParser(
         prog="hf-pretrain advise-restart", description="Continue, restart or resume on a faster path?"
     )
@@ -92,6 +92,8 @@ def advise_restart_cli(argv: list[str]) -> int:
     parser.add_argument("--hours-since-checkpoint", type=float, default=0.0, help="work a resume repeats (default 0)")
     parser.add_argument("--overhead-hours", type=float, default=0.0, help="time to set up a restart")
     args = parser.parse_args(argv)
+    from .preflight.restart import advise_restart
+
     advice = advise_restart(
         args.elapsed_hours, args.remaining_hours, args.speedup, args.hours_since_checkpoint, args.overhead_hours
     )
@@ -100,14 +102,14 @@ def advise_restart_cli(argv: list[str]) -> int:
 
 
 def report(argv: list[str]) -> int:
-    from .report import render_report
-
     parser = argparse.ArgumentParser(
         prog="hf-pretrain report", description="PNG + HTML dashboard of a run's telemetry."
     )
     parser.add_argument("run_dir", help="the output_dir of a run (holds telemetry.jsonl)")
     parser.add_argument("--out", default=None, help="where to write report.png / report.html (default: run_dir)")
     args = parser.parse_args(argv)
+    from .report import render_report
+
     try:
         png, page = render_report(args.run_dir, args.out)
     except FileNotFoundError as err:
@@ -122,8 +124,6 @@ def report(argv: list[str]) -> int:
 
 
 def trial(argv: list[str]) -> int:
-    from .trial import run_trial, to_markdown
-
     parser = argparse.ArgumentParser(
         prog="hf-pretrain trial", description="Short side-by-side run of precision recipes."
     )
@@ -144,6 +144,8 @@ def trial(argv: list[str]) -> int:
     parser.add_argument("--out", default="trial", help="output directory for trial.json / trial.md")
     parser.add_argument("--torch-compile", action="store_true", help="compile the model in every recipe")
     args = parser.parse_args(argv)
+    from .trial import run_trial, to_markdown
+
     result = run_trial(
         args.config,
         [r.strip() for r in args.recipes.split(",") if r.strip()],
@@ -162,8 +164,6 @@ def trial(argv: list[str]) -> int:
 
 
 def plot_schedule_cli(argv: list[str]) -> int:
-    from .training.schedules import Restart, cosine_restarts_factor, plot_schedule, wsd_factor
-
     parser = argparse.ArgumentParser(prog="hf-pretrain plot-schedule", description="PNG of a learning-rate schedule.")
     parser.add_argument("--type", choices=["cosine_restarts", "wsd"], default="cosine_restarts")
     parser.add_argument("--total-tokens", type=float, required=True, help="e.g. 100e9")
@@ -178,6 +178,8 @@ def plot_schedule_cli(argv: list[str]) -> int:
     parser.add_argument("--shape", default="1-sqrt", help="wsd decay: linear, cosine, 1-sqrt")
     parser.add_argument("--out", default="schedule.png")
     args = parser.parse_args(argv)
+    from .training.schedules import Restart, cosine_restarts_factor, plot_schedule, wsd_factor
+
     total, warmup = args.total_tokens, args.warmup * args.total_tokens
     if args.type == "wsd":
         factor = lambda t: wsd_factor(t, total, warmup, args.decay_fraction, args.floor, args.shape)  # noqa: E731

@@ -52,3 +52,20 @@ def test_importing_the_package_registers_the_model_quietly_and_loads_the_trainer
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.stdout.split() == ["PretrainConfig", "False", "PretrainTrainer"], result.stderr[-500:]
     assert "Failed to load" not in result.stderr and "register_constant" not in result.stderr
+
+
+HEAVY = ("torch", "transformers", "datasets")
+
+
+@pytest.mark.parametrize("argv", [[], ["--help"], ["data", "--help"], ["data", "dedup", "--help"], ["data", "dedup"]])
+def test_help_and_argument_errors_import_nothing_heavy(argv):
+    code = (
+        "import sys, contextlib, io\n"
+        "import hf_pretrain.cli as cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        f"    try: cli.main({argv!r})\n"
+        "    except SystemExit: pass\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.split("\n")[-2] == "[]", result.stdout + result.stderr[-2000:]

@@ -20,11 +20,12 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .blocks import BlockStats, from_pretrained
-from .pipeline_config import check_section, settable_keys
-from .read import ReadFiles
-from .workers import children_die_with_parent
+from .workers import children_die_with_parent  # the standard library only: each command imports what it runs
+
+if TYPE_CHECKING:
+    from .blocks import BlockStats
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +38,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_blocks(args, blocks: list) -> list[BlockStats]:
+    from .read import ReadFiles
+
     reader = ReadFiles(args.text_column)
     data = reader.run(args.input, args.rank, args.world_size, args.num_proc)
     stats = [reader.stats]
@@ -57,12 +60,13 @@ def _finish(output: str, stats: list[BlockStats]) -> list[BlockStats]:
 
 
 def clean(argv: list[str]) -> list[BlockStats]:
-    from .clean import Clean, CleanConfig
-
     parser = argparse.ArgumentParser(prog="hf-pretrain data clean", description="Clean and quality-filter documents.")
     _common(parser)
     parser.add_argument("--config", default=None, help="CleanConfig fields as JSON, e.g. '{\"min_tokens\": 16}'")
     args = parser.parse_args(argv)
+    from .clean import Clean, CleanConfig
+    from .pipeline_config import check_section, settable_keys
+
     try:
         values = json.loads(args.config or "{}")
     except json.JSONDecodeError as err:
@@ -72,8 +76,6 @@ def clean(argv: list[str]) -> list[BlockStats]:
 
 
 def perplexity_filter(argv: list[str]) -> list[BlockStats]:
-    from .perplexity import PerplexityFilter
-
     parser = argparse.ArgumentParser(prog="hf-pretrain data filter", description="Drop documents by LM perplexity.")
     _common(parser)
     parser.add_argument("--model", required=True, help="a causal LM from_pretrained loads (tokenizer beside it)")
@@ -82,6 +84,8 @@ def perplexity_filter(argv: list[str]) -> list[BlockStats]:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--keep-scores", action="store_true", help="keep a perplexity column")
     args = parser.parse_args(argv)
+    from .perplexity import PerplexityFilter
+
     block = PerplexityFilter(
         args.model, args.threshold, args.text_column, None, args.max_length, args.batch_size, args.keep_scores
     )
@@ -89,8 +93,6 @@ def perplexity_filter(argv: list[str]) -> list[BlockStats]:
 
 
 def dedup(argv: list[str]) -> list[BlockStats]:
-    from .dedup import ExactDedup, MinHashDedup
-
     parser = argparse.ArgumentParser(prog="hf-pretrain data dedup", description="Exact, then MinHash-LSH near-dedup.")
     _common(parser)
     parser.add_argument("--threshold", type=float, default=0.8, help="Jaccard similarity of near-duplicates")
@@ -98,6 +100,8 @@ def dedup(argv: list[str]) -> list[BlockStats]:
     parser.add_argument("--shingle-size", type=int, default=5, help="words per shingle")
     parser.add_argument("--no-exact", action="store_true", help="skip the exact (content hash) pass")
     args = parser.parse_args(argv)
+    from .dedup import ExactDedup, MinHashDedup
+
     blocks = [] if args.no_exact else [ExactDedup(text_column=args.text_column)]
     blocks.append(
         MinHashDedup(
@@ -111,15 +115,16 @@ def dedup(argv: list[str]) -> list[BlockStats]:
 
 
 def train_tokenizer_cli(argv: list[str]) -> list[BlockStats]:
-    from .split import check_fraction, split_by_hash
-    from .tokenizer import check_vocab_size, train_tokenizer
-
     parser = argparse.ArgumentParser(prog="hf-pretrain data train-tokenizer", description="Train a byte-level BPE.")
     _common(parser)
     parser.add_argument("--vocab-size", type=int, required=True, help="e.g. 100000 for real runs, 4096 on a CPU")
     parser.add_argument("--heldout-fraction", type=float, default=0.01, help="documents measured, not trained on")
     parser.add_argument("--min-frequency", type=int, default=2)
     args = parser.parse_args(argv)
+    from .read import ReadFiles
+    from .split import check_fraction, split_by_hash
+    from .tokenizer import check_vocab_size, train_tokenizer
+
     check_vocab_size(args.vocab_size)  # before any data is read
     check_fraction(args.heldout_fraction, "--heldout-fraction")
     reader = ReadFiles(args.text_column)
@@ -137,30 +142,31 @@ def train_tokenizer_cli(argv: list[str]) -> list[BlockStats]:
 
 
 def pack(argv: list[str]) -> list[BlockStats]:
-    from transformers import AutoTokenizer
-
-    from .packing import MODES, Pack
-
     parser = argparse.ArgumentParser(prog="hf-pretrain data pack", description="Tokenize and pack into blocks.")
     _common(parser)
     parser.add_argument("--tokenizer", required=True, help="a tokenizer folder (AutoTokenizer)")
     parser.add_argument("--seq-len", type=int, default=4096)
-    parser.add_argument("--mode", choices=MODES, default="best_fit")
+    parser.add_argument("--mode", default="best_fit", help="best_fit (default) or concat (packing.MODES)")
     args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from .blocks import from_pretrained
+    from .packing import Pack
+
     tokenizer = from_pretrained(AutoTokenizer, args.tokenizer, "--tokenizer")
     return _run_blocks(args, [Pack(tokenizer, args.seq_len, args.mode, args.text_column)])
 
 
 def prepare(argv: list[str]) -> list[BlockStats]:
-    from .pipeline import run_pipeline
-    from .pipeline_config import PipelineConfig
-
     parser = argparse.ArgumentParser(prog="hf-pretrain data prepare", description="Run the whole chain from a config.")
     parser.add_argument("config", help="a JSON file with PipelineConfig fields (see docs/data.md)")
     parser.add_argument("--executor", choices=("local", "slurm", "ray"), help="run as tasks on datatrove's executor")
     parser.add_argument("--tasks", type=int, help="with --executor: number of shards (tasks)")
     parser.add_argument("--workers", type=int, help="with --executor: tasks running at once")
     args = parser.parse_args(argv)
+    from .pipeline import run_pipeline
+    from .pipeline_config import PipelineConfig
+
     config = PipelineConfig.from_file(args.config)
     flags = {k: v for k, v in (("kind", args.executor), ("tasks", args.tasks), ("workers", args.workers)) if v}
     if flags:
