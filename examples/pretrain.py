@@ -16,12 +16,15 @@ and runs as two real CPU ranks (gloo) with `accelerate launch --multi_gpu --num_
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
+import hf_pretrain  # noqa: F401  (first: it quiets the import noise of torchao, which transformers imports) # isort: skip
 import numpy as np
 import torch
 from transformers import HfArgumentParser, PreTrainedTokenizerBase, set_seed
@@ -34,8 +37,19 @@ from hf_pretrain.data.pipeline_config import PipelineConfig
 from hf_pretrain.data.read import list_files
 from hf_pretrain.data.split import check_fraction
 from hf_pretrain.data.tokenizer import check_vocab_size
+from hf_pretrain.modeling.attention import Environment, plan_attention
 from hf_pretrain.precision import high_precision
+from hf_pretrain.preflight.memory import (
+    MemoryPreflightError,
+    RunShape,
+    check_memory,
+    enforce_memory_policy,
+    kernel_memory,
+    local_processes,
+    precision_name,
+)
 from hf_pretrain.presets import PRESETS, load_config
+from hf_pretrain.training.resume.check import CheckpointError
 
 PROMPTS = ("The for statement", "A class definition", "If 5x + 3 = 13, then x is")
 
@@ -241,12 +255,23 @@ def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, 
     return PretrainForCausalLM(model_config(model_args, seq_len, tokenizer))
 
 
-def check_arguments(model_args: ModelArguments, data_args: DataArguments) -> None:
+def check_arguments(
+    model_args: ModelArguments, data_args: DataArguments, args: PretrainingArguments | None = None, dtype: str = "fp32"
+) -> None:
     """Every flag the run uses that can be checked without data, checked before any data work (which takes
-    minutes): the model flags (preset, window pattern, sliding window, attention backend), --seq_len,
-    --vocab_size, --heldout_fraction, --num_proc and --dataset_path."""
-    model_config(model_args, data_args.seq_len)
+    minutes): the model flags (preset, window pattern, sliding window, attention backend: the kernel must run
+    here), --seq_len (above the preset's positions: extended, with a warning), --vocab_size, --heldout_fraction,
+    --num_proc, --dataset_path, and the run's estimated memory against what this machine has free."""
+    config = model_config(model_args, data_args.seq_len)
     check_seq_len(data_args.seq_len)
+    positions = base_config(model_args.preset).max_position_embeddings
+    if data_args.seq_len > positions and (args is None or args.process_index == 0):
+        print(
+            f"warning: --seq_len {data_args.seq_len} is above the {positions} positions of --preset "
+            f"{model_args.preset}: the model is built with max_position_embeddings={data_args.seq_len} (rotary "
+            "positions need no new weights; attention and activations grow with it).",
+            file=sys.stderr,
+        )
     if data_args.vocab_size is not None and not data_args.tokenizer_name_or_path:
         check_vocab_size(data_args.vocab_size)
     check_fraction(data_args.heldout_fraction, "--heldout_fraction")
@@ -254,6 +279,34 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments) -> Non
         raise ValueError(f"--num_proc={data_args.num_proc}: use a number of worker processes >= 1.")
     if data_args.dataset_path:
         list_files(data_args.dataset_path, field="--dataset_path")
+    if args is not None:
+        env = Environment.detect(args.device, getattr(torch, {"bf16": "bfloat16"}.get(dtype, "float32")), training=True)
+        plan = plan_attention(config, env, packed=data_args.separate_documents)  # a kernel that cannot run here
+        check_run_memory(config, plan, data_args.seq_len, args)
+
+
+def check_run_memory(config: PretrainConfig, plan: dict, seq_len: int, args: PretrainingArguments) -> None:
+    """The memory preflight of the trainer (hf_pretrain.preflight.memory) before any data work; under DeepSpeed or
+    FSDP the trainer checks it at the start of training, once the sharding is known."""
+    if args.memory_preflight == "ignore" or args.deepspeed or args.fsdp:
+        return
+    shape = RunShape(
+        precision_name(args),
+        seq_len,
+        args.per_device_train_batch_size,
+        bool(args.gradient_checkpointing),
+        gpus=args.world_size,
+        **kernel_memory(config, plan),
+    )
+    check = check_memory(config, shape, args.device, local_processes() if args.device.type == "cpu" else 1)
+    warn = (lambda text: print(f"warning: {text}", file=sys.stderr)) if args.process_index == 0 else (lambda _: None)
+    enforce_memory_policy(check, args.memory_preflight, warn)
+
+
+def nats_versus(loss: float, entropy: float) -> str:
+    """How far the held-out loss is below (learned more than token frequencies) or above the unigram entropy."""
+    gap = entropy - loss
+    return f"{abs(gap):.3f} nats {'below' if gap >= 0 else 'above'} it"
 
 
 def sample(model, tokenizer, prompts=PROMPTS, max_new_tokens: int = 24) -> dict[str, str]:
@@ -269,14 +322,20 @@ def sample(model, tokenizer, prompts=PROMPTS, max_new_tokens: int = 24) -> dict[
     return out
 
 
+def fail(error: BaseException) -> NoReturn:
+    """A mistake of the command line, the data or the machine: one line naming the flag and the fix, exit 2."""
+    print(f"error: {error}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> dict:
     try:  # bad flags or data: one line naming the flag or file, no traceback
         model_args, data_args, args = parse_args(argv)
         dtype, args = resolve_dtype(model_args, args)
-        check_arguments(model_args, data_args)
+        check_arguments(model_args, data_args, args, dtype)
         tokenizer, train, heldout = prepare_data(data_args, args, base_config(model_args.preset).vocab_size)
     except (ValueError, FileNotFoundError) as err:
-        raise SystemExit(f"error: {err}") from None
+        fail(err)
     set_seed(args.seed)  # the initial weights, not only the data order, follow --seed
     model = build_model(model_args, tokenizer, data_args.seq_len)
     collator = PackedDocumentCollator(tokenizer.eos_token_id, separate_documents=data_args.separate_documents)
@@ -296,8 +355,15 @@ def main(argv: list[str] | None = None) -> dict:
             f"{args.device.type}, attention {model.config.attention_backend}"
         )
     resume = {"true": True, "last": True}.get(str(args.resume_from_checkpoint).lower(), args.resume_from_checkpoint)
-    result = trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(args.output_dir)
+    try:  # a checkpoint that cannot be resumed, a run that cannot fit, a full disk: one line each
+        result = trainer.train(resume_from_checkpoint=resume)
+        trainer.save_model(args.output_dir)
+    except (CheckpointError, MemoryPreflightError) as err:
+        fail(err)
+    except OSError as err:
+        if err.errno != errno.ENOSPC:
+            raise
+        fail(err)
     summary = {
         "train_loss": result.training_loss,
         "train_seconds": result.metrics["train_runtime"],
@@ -319,7 +385,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(
                 f"[eval] held-out loss {summary['heldout_loss']:.3f} nats/token (perplexity {summary['heldout_perplexity']:.1f}); "
                 f"unigram entropy of the corpus {entropy:.3f} nats/token (perplexity {math.exp(entropy):.1f}): "
-                f"{entropy - summary['heldout_loss']:.3f} nats below"
+                f"{nats_versus(summary['heldout_loss'], entropy)}"
             )
         for prompt, completion in summary["samples"].items():
             print(f"[sample] {prompt!r} -> {completion!r}")

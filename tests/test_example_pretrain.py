@@ -150,21 +150,59 @@ def test_help_lists_every_flag_without_crashing(capsys):
         (["--vocab_size", "100"], "error: vocab_size=100 is too small"),
         (["--heldout_fraction", "1.5"], "error: --heldout_fraction=1.5"),
         (["--dataset_path", "no/such/corpus"], "error: --dataset_path='no/such/corpus' does not exist"),
+        (["--per_device_train_batch_size", "0"], "error: --per_device_train_batch_size 0 is invalid: use a whole"),
+        (["--gradient_accumulation_steps", "0"], "error: --gradient_accumulation_steps 0 is invalid: use a whole"),
+        (["--learning_rate", "-1"], "error: --learning_rate -1 is invalid: use a positive peak learning rate"),
+        (["--output_dir", "FILE"], "error: --output_dir FILE is a file, not a folder: pass a folder path"),
+        (["--seq_len", "100000"], "error: memory preflight: sequences of 100000 tokens x micro-batch 16 (fp32) need"),
+        pytest.param(
+            ["--attention_backend", "flash_attention_2"],
+            "error: attention_backend='flash_attention_2' cannot run the full layers here: needs a CUDA GPU",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU-only refusal"),
+        ),
     ],
 )
-def test_flags_are_checked_before_any_data_work(tmp_path, flags, message):
+def test_flags_are_checked_before_any_data_work(tmp_path, capsys, flags, message):
+    """Each first-hour mistake is one `error:` line naming the flag and the fix, exit 2, before any data work."""
+    (tmp_path / "FILE").write_text("not a folder")
+    flags = [str(tmp_path / "FILE") if f == "FILE" else f for f in flags]
+    message = message.replace("FILE", str(tmp_path / "FILE"))
     example = example_module()
     with pytest.raises(SystemExit) as exit_info:
         example.main(["--output_dir", str(tmp_path / "run"), *flags])
-    assert str(exit_info.value.code).startswith(message) and "\n" not in str(exit_info.value.code)
+    err = capsys.readouterr().err.splitlines()
+    assert exit_info.value.code == 2 and err[-1].startswith(message), err
+    assert not [line for line in err if line.startswith("Traceback")]
     assert not (tmp_path / "run" / "data").exists()  # no corpus written, no tokenizer trained
 
 
+def test_a_sequence_above_the_presets_positions_is_extended_with_a_warning(tmp_path, capsys):
+    example = example_module()
+    model_args, data_args, args = example.parse_args(["--output_dir", str(tmp_path), "--seq_len", "2048"])
+    example.check_arguments(model_args, data_args, args)
+    assert "warning: --seq_len 2048 is above the 1024 positions of --preset tiny" in capsys.readouterr().err
+    assert example.model_config(model_args, 2048).max_position_embeddings == 2048
+
+
+def test_a_checkpoint_that_cannot_be_resumed_is_one_error_line(tmp_path, capsys):
+    lines = [json.dumps({"text": f"document {i} about cats and dogs and the weather today"}) for i in range(64)]
+    (tmp_path / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    flags = ["--dataset_path", str(tmp_path / "corpus.jsonl"), "--clean", "False", "--dedup", "False"]
+    flags += ["--seq_len", "32", "--vocab_size", "300", "--max_steps", "1", "--heldout_fraction", "0"]
+    example = example_module()
+    missing = tmp_path / "run" / "checkpoint-9"
+    with pytest.raises(SystemExit) as exit_info:
+        example.main(["--output_dir", str(tmp_path / "run"), *flags, "--resume_from_checkpoint", str(missing)])
+    err = capsys.readouterr().err.splitlines()
+    assert exit_info.value.code == 2 and err[-1].startswith(f"error: Can't find a valid checkpoint at {missing}")
+
+
 @pytest.mark.parametrize("content", ["", "\n  \n"])
-def test_an_empty_or_blank_dataset_is_one_line(tmp_path, content):
+def test_an_empty_or_blank_dataset_is_one_line(tmp_path, capsys, content):
     (tmp_path / "corpus.jsonl").write_text(content)
     example = example_module()
     with pytest.raises(SystemExit) as exit_info:
         example.main(["--output_dir", str(tmp_path / "run"), "--dataset_path", str(tmp_path / "corpus.jsonl")])
-    assert str(exit_info.value.code).startswith("error: No document could be read from ")
-    assert "corpus.jsonl" in str(exit_info.value.code) and "blank" in str(exit_info.value.code)
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert exit_info.value.code == 2 and error.startswith("error: No document could be read from ")
+    assert "corpus.jsonl" in error and "blank" in error

@@ -58,6 +58,8 @@ def format_estimate(estimate: MemoryEstimate) -> str:
             else f"12 B x {tokens} x V (fp32 log-probs, their grad, logits' grad)",
         ),
     ]
+    if est.attention_mask:
+        rows.append(("attention masks", est.attention_mask, f"{est.micro_batch} x s^2 x (1 B + {e} B per SDPA layer)"))
     if est.zero3_gathered:
         name = "FSDP2 gathered" if est.fsdp2 else "ZeRO-3 gathered"
         rows.append((name, est.zero3_gathered, f"{unit_bytes} B x largest layer or vocab matrix"))

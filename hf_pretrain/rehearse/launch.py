@@ -54,6 +54,11 @@ class UserLaunch:
 
 def read_launch_file(path: str | os.PathLike) -> list[str]:
     """The `accelerate launch ...` line of a shell script (e.g. plan/launch.sh), split as the shell would."""
+    if not Path(path).is_file():
+        what = "is a folder" if Path(path).is_dir() else "does not exist"
+        raise ValueError(
+            f"--launch-file {path} {what}; pass the launch.sh that `hf-pretrain plan` wrote (or its path)."
+        )
     for line in Path(path).read_text().splitlines():
         words = shlex.split(line, comments=True)
         if words[:2] == ["accelerate", "launch"]:

@@ -8,6 +8,8 @@ the same command line a transformers user already writes. Differences:
   real tokens.
 - `attn_fallback` (`warn` | `error` | `ignore`): what the attention preflight does when a layer type
   runs on a slower kernel than the hardware allows (see `hf_pretrain.preflight.attention`).
+- `memory_preflight` (`error` | `warn` | `ignore`): what happens when the run's estimated memory
+  exceeds what its device or host has free (`hf_pretrain.preflight.memory`).
 - `peak_tflops` / `measure_peak_tflops`: the denominators of MFU (see `hf_pretrain.telemetry.throughput`).
 - `precision` (+ `precision_scaling`, `precision_min_features`, `precision_keep_first_last`): a
   recipe of `hf_pretrain.precision` (fp32, bf16, fp8, te-fp8, te-mxfp8, te-nvfp4); it sets
@@ -35,6 +37,7 @@ the same command line a transformers user already writes. Differences:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -97,6 +100,13 @@ class PretrainingArguments(TrainingArguments):
         metadata={
             "help": "When a layer type runs on a slower attention kernel than this hardware allows: 'warn' (print, log "
             "and write preflight.json), 'error' (refuse to start), 'ignore'."
+        },
+    )
+    memory_preflight: str = field(
+        default="error",
+        metadata={
+            "help": "Before the first step, the run's estimated memory against what the device or host has free: "
+            "'error' (refuse a run that does not fit, naming the fixes), 'warn', 'ignore'."
         },
     )
     peak_tflops: float | None = owned(
@@ -273,6 +283,8 @@ class PretrainingArguments(TrainingArguments):
     def __post_init__(self):
         if self.torch_compile_scope not in ("model", "blocks"):
             raise ValueError(f"torch_compile_scope={self.torch_compile_scope!r} is invalid; use 'model' or 'blocks'.")
+        if self.memory_preflight not in ("error", "warn", "ignore"):
+            raise ValueError(f"memory_preflight={self.memory_preflight!r} is invalid; use 'error', 'warn' or 'ignore'.")
         if self.attn_fallback not in ("warn", "error", "ignore"):
             raise ValueError(f"attn_fallback={self.attn_fallback!r} is invalid; use 'warn', 'error' or 'ignore'.")
         if self.precision is not None:
@@ -301,6 +313,7 @@ class PretrainingArguments(TrainingArguments):
         if self.pretrain_schedule:  # transformers validates the name against its own list: PretrainTrainer builds ours
             self.lr_scheduler_type = "constant"
         self._resolve_optimizer()
+        self._check_values()
         if self.include_num_input_tokens_seen is None:
             self.include_num_input_tokens_seen = "non_padding" if self.pretrain_extras else "no"
         if self.probe_prompts and self.probe_every < 0:
@@ -314,6 +327,22 @@ class PretrainingArguments(TrainingArguments):
         if self.use_cpu is None:  # extras off: transformers' default
             self.use_cpu = not accelerator_available() if self.pretrain_extras else False
         super().__post_init__()
+
+    def _check_values(self) -> None:
+        """Values transformers would refuse only later, deep in a traceback (a sampler, a division, the optimizer,
+        the first save): refused here, in one line naming the flag and the fix."""
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name} {value} is invalid: use a whole number >= 1 (e.g. --{name} 8).")
+        if self.learning_rate < 0:
+            raise ValueError(
+                f"--learning_rate {self.learning_rate:g} is invalid: use a positive peak learning rate (e.g. 3e-4)."
+            )
+        if self.output_dir is not None and os.path.exists(self.output_dir) and not os.path.isdir(self.output_dir):
+            raise ValueError(
+                f"--output_dir {self.output_dir} is a file, not a folder: pass a folder path (it is created if missing)."
+            )
 
     def _resolve_optimizer(self) -> None:
         """`optim="muon"` -> `pretrain_optimizer`; an unknown name refused here, in one line."""

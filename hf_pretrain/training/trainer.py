@@ -55,6 +55,7 @@ from .wiring import (
     attention_preflight_for,
     callbacks_from_arguments,
     compile_from_arguments,
+    memory_preflight_for,
     packed_documents,
     precision_from_arguments,
 )
@@ -114,6 +115,7 @@ class PretrainTrainer(TrainerPrivateOverrides):
         if not self.extras:
             return super().train(resume_from_checkpoint, *args, **kwargs)
         self.run_attention_preflight()
+        memory_preflight_for(self)
         self.checkpointing.clear_interrupted()
         checkpoint = self.checkpointing.resolve(resume_from_checkpoint)
         saved = read_run_state(checkpoint) if checkpoint else {}

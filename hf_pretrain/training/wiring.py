@@ -1,5 +1,5 @@
 """What `PretrainTrainer` builds from its arguments: the loss guard, the callbacks of a `train()` call, the
-precision recipe, the attention preflight and the compile scope.
+precision recipe, the attention and memory preflights and the compile scope.
 
 Plain `TrainingArguments` lack hf_pretrain's fields: each callback reads its own with the defaults it owns
 (`PretrainCallback.arguments`, which `PretrainingArguments` declares its fields from), so a `Trainer` script gets
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DataCollatorWithFlattening
+from transformers.utils import logging
 
 from ..callback import PretrainCallback
 from ..evaluation import GenerationProbeCallback
@@ -20,6 +21,16 @@ from ..precision import apply_precision
 from ..precision.recipes import RECIPES
 from ..preflight.attention import AttentionReport, attention_preflight, enforce_attention_policy
 from ..preflight.compile import CompileCallback
+from ..preflight.memory import (
+    MemoryCheck,
+    RunShape,
+    check_memory,
+    enforce_memory_policy,
+    kernel_memory,
+    local_processes,
+    model_bytes,
+    precision_name,
+)
 from ..telemetry.hardware import HardwareSensorsCallback
 from ..telemetry.jsonl import JsonlCallback
 from ..telemetry.mixture import MixtureCallback
@@ -28,6 +39,8 @@ from ..telemetry.straggler import StragglerCallback
 from ..telemetry.throughput import ThroughputCallback, sequence_length
 from ..telemetry.underclock import UnderclockCallback
 from .compile import compile_blocks, compile_kwargs, prepare_compile
+
+logger = logging.get_logger(__name__)
 
 
 def _get(args, name, default):
@@ -122,3 +135,36 @@ def attention_preflight_for(trainer) -> tuple[AttentionReport | None, dict]:
             "attention_step_cost_vs_best": round(report.step_cost_vs_best, 3),
         }
     return report, pending
+
+
+def memory_preflight_for(trainer) -> MemoryCheck | None:
+    """An hf_pretrain model's estimated memory against what is free on the run's device or host, before the first
+    step (`preflight/memory.py`): refused or warned of per `memory_preflight`."""
+    report, args, model = trainer.attention_report, trainer.args, trainer.model
+    policy = _get(args, "memory_preflight", "error")
+    seq_len = sequence_length(trainer)
+    if report is None or policy == "ignore" or not seq_len:
+        return None
+    micro = args.per_device_train_batch_size
+    if hasattr(trainer.train_dataset, "__len__"):
+        micro = max(1, min(micro, len(trainer.train_dataset)))
+    zero, fsdp2, offload = 0, False, False
+    if trainer.is_deepspeed_enabled:
+        plugin = trainer.accelerator.state.deepspeed_plugin
+        zero = plugin.zero_stage
+        device = plugin.deepspeed_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device")
+        offload = zero >= 1 and device in ("cpu", "nvme")
+    elif trainer.is_fsdp_enabled:
+        if trainer.accelerator.state.fsdp_plugin.cpu_offload.offload_params:
+            return None  # FSDP's CPU offload is not modelled by the estimator
+        zero, fsdp2 = 3, True
+    kernels = kernel_memory(model.config, {row.layer_type: row for row in report.rows})
+    shape = RunShape(
+        precision_name(args), seq_len, micro, bool(args.gradient_checkpointing), zero, args.world_size, fsdp2,
+        offload=offload, **kernels,
+    )  # fmt: skip
+    processes = local_processes() if args.device.type == "cpu" else 1
+    check = check_memory(model.config, shape, args.device, processes, held=model_bytes(model, args.device))
+    main = trainer.is_world_process_zero()
+    enforce_memory_policy(check, policy if main or policy == "error" else "ignore", logger.warning)
+    return check

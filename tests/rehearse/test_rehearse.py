@@ -71,6 +71,20 @@ def test_the_launch_file_of_plan_is_read(tmp_path):
     assert shlex.split(launch.command)[3].endswith("two_nodes.yaml")
 
 
+@pytest.mark.parametrize("where", ["missing", "folder"])
+def test_a_launch_file_that_is_no_file_is_one_error_line(tmp_path, capsys, where):
+    from hf_pretrain.cli import main
+
+    path = tmp_path / "no" / "launch.sh"
+    if where == "folder":
+        path = tmp_path / "plan"
+        path.mkdir()
+    assert main(["rehearse", "--launch-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --launch-file {path} ") and err.count("\n") == 1
+    assert ("is a folder" if where == "folder" else "does not exist") in err and "launch.sh" in err
+
+
 # The checks on records written by hand
 
 

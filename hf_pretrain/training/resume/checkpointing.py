@@ -70,6 +70,7 @@ class Checkpointing:
                     + ", or start anew from the weights (from_pretrained) without resume_from_checkpoint."
                 )
             self._warn(check)
+            self._say_resuming(check.path)
             return check.path
         skipped = []
         for candidate in candidates:
@@ -80,6 +81,8 @@ class Checkpointing:
                         f"Resuming from {check.path}, the newest whole checkpoint; skipped: " + " | ".join(skipped)
                     )
                 self._warn(check)
+                if not skipped:
+                    self._say_resuming(check.path)
                 return check.path
             skipped.append(f"{candidate.name}: {explain(check)}")
         found = f" ({' | '.join(skipped)})" if skipped else ""
@@ -87,6 +90,10 @@ class Checkpointing:
             f"No valid checkpoint found in output directory ({trainer.args.output_dir}): no whole checkpoint-N{found}. "
             "Fix: pass the output_dir of the run to resume, or train without resume_from_checkpoint."
         )
+
+    def _say_resuming(self, path: str) -> None:
+        if self.trainer.is_world_process_zero():
+            print(f"Resuming from {path}", flush=True)
 
     def _warn(self, check) -> None:
         for warning in check.warnings if self.trainer.is_world_process_zero() else ():
