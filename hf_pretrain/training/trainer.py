@@ -47,7 +47,7 @@ from .processes import (
 )
 from .resume.checkpointing import Checkpointing
 from .resume.data_position import DataPosition
-from .resume.store import read_run_state
+from .resume.store import read_run_state, save_into_place
 from .schedules import build_schedule
 from .tokens import TokenCounter
 from .transformers_private import TrainerPrivateOverrides, scheduler_created
@@ -212,11 +212,20 @@ class PretrainTrainer(TrainerPrivateOverrides):
             super().create_accelerator_and_postprocess()
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        if self.extras and sharded_saves(self):  # fsdp.py: Trainer would save no weights, nor a checkpoint's config
-            if not _internal_call:
-                return save_full_weights(self, output_dir or self.args.output_dir)
+        if self.extras and not _internal_call:  # checkpoints.py: the final save written beside, moved into place
+            barrier = lambda: wait_for_everyone(self.accelerator)  # noqa: E731
+            save_into_place(self._save_whole_model, output_dir or self.args.output_dir, self.args.should_save, barrier)
+            if self.args.push_to_hub:
+                self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+            return None
+        if self.extras and sharded_saves(self):  # fsdp.py: Trainer would save a checkpoint's weights, not its config
             save_config(self, output_dir)
         return super().save_model(output_dir, _internal_call)
+
+    def _save_whole_model(self, output_dir: str) -> None:
+        if sharded_saves(self):  # fsdp.py: Trainer would save no weights under sharded state dicts
+            return save_full_weights(self, output_dir)
+        return super().save_model(output_dir, _internal_call=True)  # pushed, if at all, once moved into place
 
     def evaluate(self, *args, **kwargs):
         with high_precision(self.model):  # evaluation never runs the low-precision path

@@ -46,6 +46,29 @@ def test_disk_full_during_a_save_is_named_and_the_previous_checkpoint_survives(t
         shutil.rmtree(disk, ignore_errors=True)
 
 
+def test_the_final_save_on_a_full_disk_is_named_and_leaves_no_config_without_weights(tmp_path):
+    disk = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
+    mount_tmpfs(disk, 256 * 1024)  # room for the run's logs, not for the weights (~0.8 MB)
+    try:
+        trainer, _ = train(disk, max_steps=2, save_strategy="no")
+        with pytest.raises(OSError, match=r"Saving the model to .* failed \(.*\): .* MiB free on that file system"):
+            trainer.save_model()
+        assert not (disk / "config.json").exists() and not (disk / "model.safetensors").exists()
+        assert not (disk / ".saving").exists()  # the half save is gone: the disk has its room back
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+        shutil.rmtree(disk, ignore_errors=True)
+
+
+def test_the_final_save_is_moved_into_place_complete(tmp_path):
+    trainer, _ = train(tmp_path, max_steps=2, save_strategy="no")
+    trainer.save_model()
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(tmp_path).num_parameters() == trainer.model.num_parameters()
+    assert not (tmp_path / ".saving").exists()
+
+
 def newest_checkpoint(run_dir, size=4096):
     (run_dir / "checkpoint-5").mkdir()
     (run_dir / "checkpoint-5" / "model.safetensors").write_bytes(b"0" * size)

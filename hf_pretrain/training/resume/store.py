@@ -6,7 +6,10 @@ that the next `resume_from_checkpoint=True` loads (or fails on). `PretrainTraine
 checkpoint under `OUTPUT_DIR/.saving/checkpoint-N`, waits for all ranks, flushes the files to
 disk and renames the folder to `OUTPUT_DIR/checkpoint-N` in one `rename`, so a `checkpoint-N`
 is complete or absent. The older checkpoints are rotated (`save_total_limit`) only after that.
-A leftover `.saving/` from a killed save is removed at the next start.
+A leftover `.saving/` from a killed save is removed at the next start. The final `save_model` is as
+safe (`save_into_place`): written under `OUTPUT_DIR/.saving/final`, then moved into `OUTPUT_DIR`
+file by file (renames on one file system), the weights before `config.json`; a save that fails (a
+full disk: named, with the free space) leaves `OUTPUT_DIR` as it was.
 
 Each checkpoint also holds `hf_pretrain_state.json` (`RUN_STATE_NAME`): the data position
 (epoch, samples consumed in it, the batch geometry and the dataset's length and fingerprint)
@@ -23,6 +26,7 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -131,3 +135,47 @@ def disk_full_error(error: BaseException, run_dir: str, name: str) -> OSError | 
         f"{free / 2**20:.1f} MiB free on that file system{size}. Fix: free space, lower save_total_limit, or set "
         f"output_dir on a larger disk.{intact}",
     )
+
+
+FINAL_STAGING = "final"
+
+
+def save_into_place(save: Callable[[str], None], output_dir: str, writer: bool, barrier: Callable[[], None]) -> None:
+    """`save(folder)` (every rank calls it: gathers are collective) into `output_dir/.saving/final`, then, on the
+    `writer` process, each file moved into `output_dir`, the weights before `config.json` (a `from_pretrained` never
+    finds a config without its weights). A failed save leaves `output_dir` untouched; a full disk is named."""
+    staged = os.path.join(staging_root(output_dir), FINAL_STAGING)
+    try:
+        if writer:
+            shutil.rmtree(staged, ignore_errors=True)
+        barrier()
+        save(staged)
+        barrier()
+        if writer:
+            _fsync_tree(staged)
+            files = sorted((p for p in Path(staged).rglob("*") if p.is_file()), key=_move_order)
+            for path in files:
+                target = Path(output_dir, path.relative_to(staged))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
+            _fsync_dir(output_dir)
+            _remove_staged(staged)
+        barrier()
+    except Exception as error:  # safetensors' SafetensorError is none of OSError / RuntimeError
+        if writer:
+            _remove_staged(staged)
+        full = disk_full_error(error, output_dir, "the model")
+        if full is None:
+            raise
+        raise full from error
+
+
+def _remove_staged(staged: str) -> None:
+    shutil.rmtree(staged, ignore_errors=True)
+    with contextlib.suppress(OSError):  # leave no empty staging folder behind
+        os.rmdir(os.path.dirname(staged))
+
+
+def _move_order(path: Path) -> tuple[bool, bool]:
+    """Weights and the rest first, then the shard indexes, `config.json` last."""
+    return path.name == "config.json", path.name.endswith(".index.json")
