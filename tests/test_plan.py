@@ -21,7 +21,7 @@ from hf_pretrain.modeling.accounting import count_parameters, flops_per_token
 from hf_pretrain.plan import PlanRefused, PlanRequest, make_plan, write_plan
 from hf_pretrain.plan.hardware import MFU_ASSUMPTIONS
 from hf_pretrain.plan.output import launch_command
-from hf_pretrain.plan.planner import STRATEGIES, candidate_strategies
+from hf_pretrain.plan.planner import CHECKPOINTING_COST, STRATEGIES, candidate_strategies
 from hf_pretrain.plan.scaling import (
     LAYERS,
     compute_optimal_shape,
@@ -174,6 +174,22 @@ def test_checkpointing_only_when_nothing_fits_without_it_and_it_costs_a_forward(
     assert plan.tokens_per_second == pytest.approx(989.4e12 * 0.40 / (fpt * 4 / 3))
 
 
+def test_with_checkpointing_the_model_is_compute_optimal_for_the_recompute_it_pays():
+    """1024 H100 for 720 h: the model is sized for the FLOPs left after the recompute, so ~20 tokens per parameter
+    (sized for the whole budget, then paying the recompute from the tokens, it was 98B at 13.4)."""
+    plan = make_plan(PlanRequest("h100", gpus=8, nodes=128, hours=720))
+    assert plan.checkpointing and 17 < plan.tokens / plan.parameters < 23
+    assert abs(plan.hours - 720) <= plan.step_seconds / 3600  # the hours still spent, recompute included
+
+
+def test_a_larger_model_that_fits_without_checkpointing_is_taken_at_full_speed():
+    plan = make_plan(PlanRequest("h100", gpus=8, hours=720, seq_len=8192))
+    [warning] = [w for w in plan.warnings if "largest shape without it" in w]
+    optimal = float(warning.split("compute-optimal ")[1].split("B")[0]) * 1e9
+    assert not plan.checkpointing and plan.parameters < optimal  # smaller than the optimum, larger than its resize
+    assert plan.parameters > optimal / CHECKPOINTING_COST**0.5 and plan.tokens / plan.parameters > 20
+
+
 def test_windows_are_planned_and_priced():
     plan = make_plan(PlanRequest("h100", gpus=8, hours=48, seq_len=8192, window_pattern="SSSL", sliding_window=1024))
     layers = plan.config.num_hidden_layers
@@ -312,12 +328,16 @@ def test_bad_requests_name_the_flag():
         PlanRequest("h100", hours=1, seq_len=0)
     with pytest.raises(ValueError, match="needs --sliding-window"):
         PlanRequest("h100", hours=1, window_pattern="SSSL")
+    with pytest.raises(ValueError, match=r"--vocab-size=10 is too small for the byte-level BPE .* at least 259"):
+        PlanRequest("h100", hours=1, vocab_size=10)
 
 
 def test_warns_past_four_epochs_of_repeated_data():
     plan = make_plan(PlanRequest("h100", gpus=8, hours=24, data_tokens=2e9))
     [warning] = [w for w in plan.warnings if "epochs over" in w]
     assert "Muennighoff" in warning and f"{plan.epochs:.1f} epochs" in warning
+    [tiny] = [w for w in make_plan(PlanRequest("h100", gpus=8, hours=24, data_tokens=1e6)).warnings if "epochs" in w]
+    assert "even the planner's smallest shape (3.53e+07 parameters) wants 7.05e+08 tokens: find more data" in tiny
     assert not any("epochs over" in w for w in make_plan(PlanRequest("h100", hours=24, data_tokens=1e12)).warnings)
 
 
@@ -379,6 +399,30 @@ def test_cli_writes_files_accelerate_and_the_example_accept(flags, distributed_t
         optimizer.step()
         schedule.step()
         assert optimizer.param_groups[0]["lr"] == pytest.approx(args.learning_rate * factor, abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--gpus", "8", "--nodes", "128", "--hours", "720"],
+        ["--gpus", "8", "--hours", "24", "--data-tokens", "1M"],
+        ["--gpus", "8", "--params", "7B", "--hours", "0.001"],
+        ["--hours", "24", "--vocab-size", "300", "--seq-len", "512"],
+    ],
+    ids=["checkpointing", "little-data", "four-steps", "small-vocabulary"],
+)
+def test_every_plan_written_passes_the_examples_argument_check(flags, tmp_path, capsys):
+    out, data = tmp_path / "plan", tmp_path / "corpus.jsonl"
+    data.write_text('{"text": "a document"}\n')
+    assert cli(["plan", "--device", "h100", *flags, "--out", str(out), "--dataset-path", str(data)]) == 0
+    saved = json.loads((out / "plan.json").read_text())
+    example = load_example()
+    model_args, data_args, args = example.parse_args(shlex.split(saved["command"].split("examples/pretrain.py ")[1]))
+    example.resolve_dtype(model_args, args)
+    example.check_arguments(model_args, data_args)  # what the example refuses before any data work
+    assert example.base_config(model_args.preset).vocab_size == data_args.vocab_size
+    one_step = saved["batch"]["global_tokens"]
+    assert args.lr_scheduler_kwargs["warmup_tokens"] >= one_step  # never a warmup of 0.0 steps
 
 
 @pytest.mark.slow

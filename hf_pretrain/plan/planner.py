@@ -10,12 +10,15 @@ The order of decisions, each from its one home in the package:
    `--sharding fsdp2`, priced as ZeRO-3: both shard weights, gradients and optimizer states and gather one
    layer at a time). The first that holds a micro-batch of `WANTED_MICRO_TOKENS` tokens (or what the batch
    needs per GPU, if fewer) wins, else the first that holds one; activation checkpointing only when nothing
-   fits without it (it recomputes the forward: 4/3 of the step's FLOPs). CPU offload is not planned: its
-   speed is the host's, which nothing here predicts; a model that does not fit is refused with the largest
-   one that does.
+   fits without it (it recomputes the forward: 4/3 of the step's FLOPs). An hours budget then pays for the
+   recompute, so the model is sized again for the compute left to the model (budget / (4/3)): the largest
+   shape that fits without checkpointing if it is at least that size, else the compute-optimal one for that
+   compute, with checkpointing. CPU offload is not planned: its speed is the host's, which nothing here
+   predicts; a model that does not fit is refused with the largest one that does.
 4. The tokens: what the budget pays for at that shape (hours x GPUs x peak x MFU, or FLOPs / FLOPs per token).
 5. The batch and learning rate from DeepSeek LLM's fits in compute; micro-batch x accumulation x GPUs rounded to
-   the fit; the schedule positioned in tokens (`training/schedules.py` reads `total_tokens`, `warmup_tokens`).
+   the fit; the schedule positioned in tokens (`training/schedules.py` reads `total_tokens`, `warmup_tokens`;
+   warmup 0.8 % of the tokens, at least one optimizer step).
 6. The prediction: tokens/s = GPUs x peak x MFU / FLOPs per token (x 4/3 with checkpointing), step time,
    wall-clock, GPU-hours.
 """
@@ -32,6 +35,7 @@ from . import scaling
 from .hardware import PLANNED_RECIPES, Hardware, PlanRefused, resolve_hardware
 
 DEFAULT_MARGIN = 0.15
+MIN_VOCAB_SIZE = 259  # byte-level BPE: 256 byte tokens + the special tokens (data/tokenizer.py: check_vocab_size)
 MAX_MICRO_BATCH = 64
 # A micro-batch of ~8K tokens keeps the matmuls large and the accumulation loop short: worth a sharded
 # strategy's extra communication when DDP holds fewer.
@@ -88,6 +92,11 @@ class PlanRequest:
         for name in ("gpus", "nodes", "seq_len", "vocab_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')}={getattr(self, name)!r} must be a positive integer.")
+        if self.vocab_size < MIN_VOCAB_SIZE:
+            raise ValueError(
+                f"--vocab-size={self.vocab_size} is too small for the byte-level BPE the launch trains "
+                f"(examples/pretrain.py): use at least {MIN_VOCAB_SIZE} (256 bytes + special tokens), e.g. 32768."
+            )
         for name in ("hours", "tokens", "flops", "data_tokens", "params", "tokens_per_param", "peak_tflops"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -204,10 +213,13 @@ def largest_micro_batch(config, strategy: Strategy, hw: Hardware, seq_len: int, 
     return micro
 
 
-def fit_memory(config, hw: Hardware, seq_len: int, usable: float, strategies: list[Strategy], wanted: int):
+def fit_memory(
+    config, hw: Hardware, seq_len: int, usable: float, strategies: list[Strategy], wanted: int, options=(False, True)
+):
     """(strategy, checkpointing, largest micro-batch): without checkpointing if anything fits, the first strategy
-    whose micro-batch reaches `wanted` sequences, else the first that fits one; None when nothing fits."""
-    for checkpointing in (False, True):
+    whose micro-batch reaches `wanted` sequences, else the first that fits one; None when nothing fits.
+    `options`: the checkpointing settings tried, in order."""
+    for checkpointing in options:
         micros = [largest_micro_batch(config, s, hw, seq_len, usable, checkpointing) for s in strategies]
         pick = next((i for i, m in enumerate(micros) if m >= wanted), None)
         pick = pick if pick is not None else next((i for i, m in enumerate(micros) if m), None)
@@ -253,8 +265,9 @@ def _refuse_memory(config, hw: Hardware, request: PlanRequest, usable: float, st
     )
 
 
-def choose_model(request: PlanRequest, hw: Hardware) -> tuple[PretrainConfig, dict]:
-    """The shape, and the budget as asked (kind, value, compute it buys before checkpointing)."""
+def choose_model(request: PlanRequest, hw: Hardware, cost: float = 1.0) -> tuple[PretrainConfig, dict]:
+    """The shape, and the budget as asked (kind, value, compute it buys before checkpointing). `cost`: FLOPs run
+    per model FLOP (checkpointing's recompute): an hours budget then buys that much less model compute."""
     shape_args = dict(
         vocab_size=request.vocab_size, window_pattern=request.window_pattern, sliding_window=request.sliding_window
     )
@@ -275,9 +288,8 @@ def choose_model(request: PlanRequest, hw: Hardware) -> tuple[PretrainConfig, di
             )
         else:
             target = f"{budget['flops']:.3g} FLOPs at {request.tokens_per_param:g} tokens per parameter"
-            config = scaling.compute_optimal_shape(
-                budget["flops"], request.tokens_per_param, request.seq_len, **shape_args
-            )
+            model_flops = budget["flops"] / (cost if budget["kind"] == "hours" else 1.0)
+            config = scaling.compute_optimal_shape(model_flops, request.tokens_per_param, request.seq_len, **shape_args)
     except scaling.ShapeOutOfRange as out:
         n = count_parameters(out.config)
         fix = (
@@ -306,17 +318,52 @@ def sequences_per_gpu(config, tokens: float, seq_len: int, world: int) -> tuple[
     return compute, batch_opt, max(1, round(batch_opt / (seq_len * world)))
 
 
+def _fit(config, request: PlanRequest, hw: Hardware, budget: dict, usable: float, options=(False, True)):
+    seq = request.seq_len
+    strategies = candidate_strategies(hw, request.sharding)
+    *_, wanted = sequences_per_gpu(config, budget_tokens(budget, flops_per_token(config, seq), False), seq, hw.world)
+    wanted = max(1, min(wanted, WANTED_MICRO_TOKENS // seq))
+    return fit_memory(config, hw, seq, usable, strategies, wanted, options)
+
+
+def resize_for_recompute(request: PlanRequest, hw: Hardware, config, budget: dict, usable: float):
+    """The model for an hours budget when `config` fits only with activation checkpointing: the compute-optimal
+    shape for the model FLOPs left after the recompute, or, if a larger shape than that fits without
+    checkpointing, the largest such (full speed beats the recompute). Returns (config, fit, warning)."""
+    optimal, _ = choose_model(request, hw, CHECKPOINTING_COST)
+    shape_args = dict(
+        vocab_size=request.vocab_size,
+        seq_len=request.seq_len,
+        window_pattern=request.window_pattern,
+        sliding_window=request.sliding_window,
+    )
+    for layers in range(config.num_hidden_layers - 1, optimal.num_hidden_layers - 1, -1):
+        candidate = scaling.shape(layers, **shape_args)
+        fit = _fit(candidate, request, hw, budget, usable, options=(False,))
+        if fit is not None:
+            warning = (
+                f"the compute-optimal {count_parameters(config) / 1e9:.3g}B model needs activation checkpointing; "
+                f"{count_parameters(candidate) / 1e9:.3g}B is the largest shape without it (no recompute, more "
+                "tokens per parameter than the target)"
+            )
+            return candidate, fit, warning
+    return optimal, _fit(optimal, request, hw, budget, usable), None
+
+
 def make_plan(request: PlanRequest) -> Plan:
     hw = resolve_hardware(request)
     config, budget = choose_model(request, hw)
-    seq, fpt = request.seq_len, flops_per_token(config, request.seq_len)
+    seq = request.seq_len
     usable = int(hw.memory_bytes * (1 - request.margin))
     strategies = candidate_strategies(hw, request.sharding)
-    *_, wanted = sequences_per_gpu(config, budget_tokens(budget, fpt, False), seq, hw.world)
-    fit = fit_memory(config, hw, seq, usable, strategies, max(1, min(wanted, WANTED_MICRO_TOKENS // seq)))
+    fit = _fit(config, request, hw, budget, usable)
     if fit is None:
         _refuse_memory(config, hw, request, usable, strategies)
+    resized = None
+    if fit[1] and budget["kind"] == "hours" and request.params is None:  # the recompute is paid from the hours
+        config, fit, resized = resize_for_recompute(request, hw, config, budget, usable)
     strategy, checkpointing, max_micro = fit
+    fpt = flops_per_token(config, seq)
     tokens = budget_tokens(budget, fpt, checkpointing)
     compute, batch_opt, per_gpu = sequences_per_gpu(config, tokens, seq, hw.world)
     micro = 2 ** int(math.log2(min(max_micro, per_gpu)))
@@ -330,7 +377,7 @@ def make_plan(request: PlanRequest) -> Plan:
         )
     trained = steps * global_tokens
     peak_lr = scaling.deepseek_peak_lr(compute)
-    schedule_kwargs = {"total_tokens": trained, "warmup_tokens": round(0.008 * trained)}
+    schedule_kwargs = {"total_tokens": trained, "warmup_tokens": max(round(0.008 * trained), global_tokens)}
     if request.schedule == "wsd":
         schedule_kwargs.update(decay_fraction=0.2, floor=0.0, shape="1-sqrt")
     else:
@@ -354,7 +401,7 @@ def make_plan(request: PlanRequest) -> Plan:
         data_tokens=request.data_tokens,
         budget=budget,
     )
-    plan.warnings = warnings_for(plan)
+    plan.warnings = warnings_for(plan) + ([resized] if resized else [])
     return plan
 
 
@@ -365,11 +412,20 @@ def warnings_for(plan: Plan) -> list[str]:
         out.append("no --data-tokens: epochs over the unique data unknown")
     elif epochs > scaling.MAX_USEFUL_EPOCHS:
         useful = scaling.MAX_USEFUL_EPOCHS * plan.data_tokens
+        suited = useful / plan.tokens_per_param_target
+        smallest = count_parameters(
+            scaling.shape(scaling.LAYERS[0], plan.config.vocab_size, plan.seq_len, **_windows(plan.config))
+        )
+        advice = (
+            f"{useful:.3g} tokens ({scaling.MAX_USEFUL_EPOCHS:g} epochs) suit a model of ~{suited:.3g} parameters "
+            "(--tokens), or find more data"
+            if suited >= smallest
+            else f"even the planner's smallest shape ({smallest:.3g} parameters) wants "
+            f"{smallest * plan.tokens_per_param_target:.3g} tokens: find more data"
+        )
         out.append(
             f"{epochs:.1f} epochs over {plan.data_tokens:.3g} unique tokens: past ~{scaling.MAX_USEFUL_EPOCHS:g} "
-            f"repeats the value of repeated data fades (Muennighoff et al. 2023); {useful:.3g} tokens "
-            f"({scaling.MAX_USEFUL_EPOCHS:g} epochs) suit a model of ~{useful / plan.tokens_per_param_target:.3g} "
-            "parameters (--tokens), or find more data"
+            f"repeats the value of repeated data fades (Muennighoff et al. 2023); {advice}"
         )
     if plan.global_batch_tokens > 2 * plan.batch_opt_tokens:
         out.append(
@@ -380,7 +436,14 @@ def warnings_for(plan: Plan) -> list[str]:
         out.append("activation checkpointing is on: each step recomputes the forward (4/3 of the FLOPs)")
     warmup_steps = plan.schedule_kwargs["warmup_tokens"] / plan.global_batch_tokens
     if warmup_steps < 10:
-        out.append(f"warmup is {warmup_steps:.1f} optimizer steps (0.8 % of the tokens): a very short run")
+        out.append(
+            f"warmup is {warmup_steps:.1f} optimizer step(s) of {plan.steps} (0.8 % of the tokens, at least one "
+            "step): a very short run"
+        )
     if plan.hardware.nodes > 1:
         out.append("multi-node: set main_process_ip in accelerate_config.yaml and run launch.sh on every node")
     return out
+
+
+def _windows(config) -> dict:
+    return {"window_pattern": config.window_pattern, "sliding_window": config.sliding_window}
