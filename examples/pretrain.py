@@ -19,6 +19,7 @@ import dataclasses
 import errno
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,7 +289,10 @@ def check_arguments(
 def check_run_memory(config: PretrainConfig, plan: dict, seq_len: int, args: PretrainingArguments) -> None:
     """The memory preflight of the trainer (hf_pretrain.preflight.memory) before any data work; under DeepSpeed or
     FSDP the trainer checks it at the start of training, once the sharding is known."""
-    if args.memory_preflight == "ignore" or args.deepspeed or args.fsdp:
+    sharded = (
+        args.deepspeed or args.fsdp or "true" in (os.environ.get(f"ACCELERATE_USE_{k}") for k in ("DEEPSPEED", "FSDP"))
+    )
+    if args.memory_preflight == "ignore" or sharded:  # accelerate's config sets these for the launched script
         return
     shape = RunShape(
         precision_name(args),

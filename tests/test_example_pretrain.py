@@ -206,3 +206,9 @@ def test_an_empty_or_blank_dataset_is_one_line(tmp_path, capsys, content):
     error = capsys.readouterr().err.splitlines()[-1]
     assert exit_info.value.code == 2 and error.startswith("error: No document could be read from ")
     assert "corpus.jsonl" in error and "blank" in error
+
+
+def test_the_eval_line_says_above_when_the_loss_is_above_the_unigram_entropy():
+    example = example_module()
+    assert example.nats_versus(7.795, 6.543) == "1.252 nats above it"  # printed "-1.252 nats below"
+    assert example.nats_versus(3.5, 6.543) == "3.043 nats below it"

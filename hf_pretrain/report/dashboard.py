@@ -25,10 +25,16 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..telemetry.jsonl import read_jsonl  # noqa: E402
+from ..telemetry.jsonl import FILENAME, read_records  # noqa: E402
 from .summary import summary_rows  # noqa: E402
 
-WARNING_KEYS = ("straggler_warning", "underclock_warning", "attention_fallback")
+WARNING_KEYS = (
+    "straggler_warning",
+    "underclock_warning",
+    "attention_fallback",
+    "mfu_spec_warning",
+    "mfu_measured_warning",
+)
 PANELS = (
     ("loss", "loss (nats/token): training, held-out; learning rate (right)", [r"^loss$", r"^eval_loss$"]),
     ("throughput", "tokens / s (all ranks)", [r"^tokens_per_second$"]),
@@ -103,9 +109,12 @@ def format_mixture(records: list[dict]) -> str:
 
 
 def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tuple[Path, Path]:
-    """Write `report.png` and `report.html` (into `out_dir`, default the run directory)."""
+    """Write `report.png` and `report.html` (into `out_dir`, default the run directory); say which lines of the
+    stream were skipped (a line cut short when a run died is no record)."""
     run_dir = Path(run_dir)
-    records = read_jsonl(run_dir)
+    records, skipped = read_records(run_dir)
+    if skipped:
+        print(skipped_note(run_dir, skipped))
     if not records:
         raise FileNotFoundError(f"{run_dir}/telemetry.jsonl is missing or empty: run with telemetry=True first.")
     out = Path(out_dir or run_dir)
@@ -153,7 +162,7 @@ def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tup
     fig.savefig(png, dpi=90)
     plt.close(fig)
     page = out / "report.html"
-    page.write_text(_html(run_dir, png, records, spans), encoding="utf-8")
+    page.write_text(_html(run_dir, png, records, spans, skipped), encoding="utf-8")
     return png, page
 
 
@@ -183,7 +192,17 @@ def _mixture_html(records: list[dict]) -> str:
     )
 
 
-def _html(run_dir: Path, png: Path, records: list[dict], spans: list[tuple[int, int, str, str]]) -> str:
+def skipped_note(run_dir: Path, skipped: list[int]) -> str:
+    lines = ", ".join(map(str, skipped[:5])) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+    return (
+        f"skipped {len(skipped)} line(s) of {run_dir / FILENAME} that are no record (line {lines}): a line cut "
+        "short when the run died, or text that is not a JSON object with a step"
+    )
+
+
+def _html(
+    run_dir: Path, png: Path, records: list[dict], spans: list[tuple[int, int, str, str]], skipped: list[int] = ()
+) -> str:
     image = base64.b64encode(png.read_bytes()).decode()
     last = next((r for r in reversed(records) if "loss" in r), {})
     keys = ("loss", "tokens_per_second", "mfu_spec", "mfu_measured")
@@ -200,6 +219,7 @@ def _html(run_dir: Path, png: Path, records: list[dict], spans: list[tuple[int, 
         "<style>body{font-family:sans-serif;max-width:1300px;margin:auto}li{margin:4px 0}th{text-align:left;"
         "padding-right:16px}</style></head><body>"
         f"<h1>{html.escape(run_dir.name)}</h1><table>{table}</table><p>last training log: {html.escape(summary)}</p>"
-        f"<h2>Warnings</h2><ul>{items}</ul>{_mixture_html(records)}<img alt='dashboard' style='width:100%' src='data:image/png;base64,{image}'>"
+        + (f"<p>{html.escape(skipped_note(run_dir, list(skipped)))}</p>" if skipped else "")
+        + f"<h2>Warnings</h2><ul>{items}</ul>{_mixture_html(records)}<img alt='dashboard' style='width:100%' src='data:image/png;base64,{image}'>"
         "</body></html>"
     )

@@ -77,17 +77,24 @@ def read_jsonl(run_dir: str | Path) -> list[dict]:
     """The records of a run directory's telemetry stream (an empty list when there is none).
 
     Lines that are not JSON objects with an integer `step` (a truncated last line, foreign text)
-    are skipped.
+    are skipped; `read_records` also says which.
     """
+    return read_records(run_dir)[0]
+
+
+def read_records(run_dir: str | Path) -> tuple[list[dict], list[int]]:
+    """The records of the stream and the numbers (from 1) of the lines skipped as no record."""
     path = Path(run_dir) / FILENAME
     if not path.exists():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+        return [], []
+    records, skipped = [], []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:  # a line cut by a run that died, or not ours
-            continue
+            record = None
         if isinstance(record, dict) and isinstance(record.get("step"), int):
             records.append(record)
-    return records
+        elif line.strip():
+            skipped.append(number)
+    return records, skipped

@@ -17,6 +17,9 @@ the console, `report_to` and the JSONL stream alike):
   device has no native GEMM in that precision (fp8 emulated on a CPU or a pre-Ada GPU, fp4)
 - `eta_seconds`: remaining optimizer steps x the interval's wall time per step (logging, evaluation
   and saving included)
+- `mfu_spec_warning`, `mfu_measured_warning`: once, instead of an MFU above 1 (a peak below what the
+  run reaches: a ceiling measured while the machine was busier, a wrong `peak_tflops`): such a
+  figure is never logged
 
 and once, at the first log: `peak_tflops_spec` (when known) and `peak_tflops_measured`.
 Tokens come from `tokens_seen(state)` (PretrainTrainer passes its count of real tokens, which
@@ -107,6 +110,7 @@ class ThroughputCallback(PretrainCallback):
         self.spec: float | None = None
         self.measured: float | None = None
         self._once: dict[str, float] = {}
+        self._over_peak: set[str] = set()  # MFUs withheld for a peak below the run (said once)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.world_size = args.world_size
@@ -177,6 +181,28 @@ class ThroughputCallback(PretrainCallback):
                 achieved = self.flops_per_token * per_rank / 1e12
                 metrics["model_tflops_per_second_per_rank"] = achieved
                 peaks = (("mfu_spec", self.spec), ("mfu_measured", self.measured))
-                metrics.update({k: achieved / peak for k, peak in peaks if peak})
+                for key, peak in peaks:
+                    if peak:
+                        metrics.update(self._mfu_or_warning(key, achieved, peak))
         once, self._once = self._once, {}
         return {**metrics, **once}
+
+    def _mfu_or_warning(self, key: str, achieved: float, peak: float) -> dict:
+        """`key`: achieved / peak, a fraction; above 1 the peak is wrong, not the run: the figure is withheld and
+        the measurement problem said once (`mfu_spec_warning`, `mfu_measured_warning`)."""
+        if achieved <= peak:
+            return {key: achieved / peak}
+        if key in self._over_peak:
+            return {}
+        self._over_peak.add(key)
+        source = (
+            "the matmul ceiling measured at start-up (the machine was busier then, or the step is timed differently)"
+            if key == "mfu_measured"
+            else "the spec peak (peak_tflops or chips.py): pass this device's dense peak as peak_tflops"
+        )
+        warning = (
+            f"{key} withheld: the run reaches {achieved:.4g} TFLOP/s per device, {achieved / peak:.2f}x {source} "
+            f"of {peak:.4g} TFLOP/s; an MFU above 1 is a measurement problem. Tokens/s and step time stand."
+        )
+        logger.warning(warning)
+        return {f"{key}_warning": warning}

@@ -68,3 +68,13 @@ def test_report_cli_and_missing_stream(tmp_path, capsys):
     assert "telemetry.jsonl is missing" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError):
         render_report(tmp_path / "empty")
+
+
+def test_report_says_it_skipped_a_half_written_line(tmp_path, capsys):
+    write_run(tmp_path, two_node_records())
+    with (tmp_path / "telemetry.jsonl").open("a") as stream:
+        stream.write('{"step": 110, "loss": 1.')  # the last line of a run killed while it wrote
+    assert cli(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"skipped 1 line(s) of {tmp_path / 'telemetry.jsonl'} that are no record (line 11): a line cut" in out
+    assert "that are no record (line 11)" in (tmp_path / "report.html").read_text()
