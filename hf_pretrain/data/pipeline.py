@@ -8,8 +8,9 @@ writing `OUTPUT/NN-step/` (an Arrow `save_to_disk` folder, or the tokenizer) and
 input files' names, sizes and modification times for the read, and of the key of the step before
 it). A step whose `stats.json` exists under the same key is complete, and a relaunched `prepare`
 (or a second run of the example on the same cache) reuses it instead of running it again; a
-changed setting or input file runs that step and every later one again. At the end it writes
-`OUTPUT/stats.json` (every step's counters) and prints a one-screen summary table.
+changed setting or input file runs that step and every later one again. Each step shows one progress
+bar (`datasets`' own bars are off inside it). At the end it writes `OUTPUT/stats.json` (every step's
+counters) and prints a one-screen summary table.
 
 Held-out text: after dedup, a `heldout_fraction` of documents (`split.split_by_hash`, the one rule
 of every data path) is set aside; a `save_to_disk` DatasetDict input that brings its own
@@ -28,6 +29,7 @@ guide for the cross-shard pass).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -72,6 +74,25 @@ def files_signature(path: str | Path) -> list:
     return [[p.as_posix(), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
 
 
+@contextlib.contextmanager
+def one_bar(label: str):
+    """One progress bar for a step of the chain, in place of `datasets`' bars for each map, filter and save in it
+    (their switch is restored after)."""
+    import datasets
+    from tqdm.auto import tqdm
+
+    were_off = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    bar = tqdm(total=1, desc=label, leave=True)
+    try:
+        yield
+        bar.update(1)
+    finally:
+        bar.close()
+        if not were_off:
+            datasets.enable_progress_bars()
+
+
 def _key(*parts) -> str:
     return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -98,7 +119,8 @@ class Pipeline:
                 shutil.rmtree(folder)  # an interrupted earlier attempt, or one with other settings
             folder.mkdir(parents=True)
             (folder / "step.json").write_text(json.dumps(self.key))
-            _write_stats(folder, run(folder))
+            with one_bar(f"[data] {index:02d}-{name}"):
+                _write_stats(folder, run(folder))
         self.stats += _read_stats(folder)
         return folder
 

@@ -10,6 +10,7 @@ differences). It adds, each in its own room:
 - the callbacks of each `train()` (`wiring.py`): throughput and MFU, sensors, under-clock,
   straggler, the `telemetry.jsonl` stream, MoE load, generation probes; their measured values are
   merged into every training log and kept out of `state.log_history` (`hf_pretrain/callback.py`);
+  the printed line keeps what a person reads (`telemetry/console.py`);
 - the attention preflight for hf_pretrain models and the precision recipe (`wiring.py`);
 - Muon for the hidden matrices with `optim="muon"` (`optimizers.py`), refused under sharding;
 - the loss guard (`loss_guard.py`): NaN/inf updates skipped, spikes logged, skipped, stopped or
@@ -34,6 +35,7 @@ from transformers.utils import logging
 from ..callback import PretrainCallback
 from ..precision import high_precision
 from ..preflight.attention import AttentionReport
+from ..telemetry.console import restore_console, swap_console
 from .eval_metrics import is_causal_lm, lm_eval_metrics
 from .fsdp import fsdp_on_cpu, save_config, save_full_weights, sharded_saves
 from .loss_guard import LossGuardCallback, guard_optimizer
@@ -80,6 +82,7 @@ class PretrainTrainer(TrainerPrivateOverrides):
         self._compile_callback = None
         self._attached: list[PretrainCallback] = []  # what train() attached; detached when it returns
         self._micro_batch_timers: list = []
+        self._console: list = []  # transformers' console callbacks replaced during train()
         if not self.extras:
             return
         atexit.unregister(leave_process_group)  # once, however many trainers
@@ -138,6 +141,8 @@ class PretrainTrainer(TrainerPrivateOverrides):
             for callback in self._attached:
                 self.remove_callback(callback)
             self._attached = []
+            restore_console(self.callback_handler, self._console)
+            self._console = []
 
     def _attach_callbacks(self) -> None:
         self.tokens.reset()
@@ -148,6 +153,7 @@ class PretrainTrainer(TrainerPrivateOverrides):
             self.add_callback(callback)
         self._attached = callbacks
         self._micro_batch_timers = [c for c in callbacks if c.times_micro_batches]
+        self._console = swap_console(self.callback_handler)  # telemetry/console.py: the printed line, filtered
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Merge the callbacks' metrics into each training log. Measured values (clocks, sensors) reach the
