@@ -107,3 +107,28 @@ def test_the_fixes_named_fit_what_is_free():
 
     assert replace(shape, micro_batch=micro).estimate(config).total <= need // 3
     assert any(f.startswith("sequences of ") for f in fixes)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_device_free_memory_is_the_limit_and_an_oversized_run_is_refused(tmp_path):
+    from datasets import Dataset
+
+    from hf_pretrain import PretrainForCausalLM, PretrainTrainer
+    from hf_pretrain.data import PackedDocumentCollator
+    from hf_pretrain.preflight.memory import free_memory
+    from tests.conftest import quick_args
+
+    free, where = free_memory("cuda")
+    assert free == torch.cuda.mem_get_info()[0] and torch.cuda.get_device_name() in where
+    seq = 32768  # 64 rows of 32K tokens a micro-batch through 8 layers of width 2048: ~2 TB, beyond any one GPU
+    rows = [{"input_ids": [(i + j) % 120 + 1 for j in range(seq)]} for i in range(64)]
+    wide = dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=16, num_key_value_heads=16)
+    model = PretrainForCausalLM(small_config(max_position_embeddings=seq, num_hidden_layers=8, **wide)).cuda()
+    args = quick_args(tmp_path, max_steps=1, per_device_train_batch_size=64, bf16=True, measure_peak_tflops=False)
+    trainer = PretrainTrainer(
+        model=model, args=args, train_dataset=Dataset.from_list(rows), data_collator=PackedDocumentCollator(0)
+    )
+    with pytest.raises(MemoryPreflightError, match=r"need about .* GiB per process .* GiB free \(free on "):
+        trainer.train()
+    assert trainer.state.global_step == 0
