@@ -38,9 +38,7 @@ from hf_pretrain.data.pipeline_config import PipelineConfig
 from hf_pretrain.data.read import list_files
 from hf_pretrain.data.split import check_fraction
 from hf_pretrain.data.tokenizer import check_vocab_size
-from hf_pretrain.modeling.attention import Environment, plan_attention
-from hf_pretrain.precision import high_precision
-from hf_pretrain.preflight.memory import (
+from hf_pretrain.distributed.memory_preflight import (
     MemoryPreflightError,
     RunShape,
     check_memory,
@@ -49,6 +47,8 @@ from hf_pretrain.preflight.memory import (
     local_processes,
     precision_name,
 )
+from hf_pretrain.modeling.attention import Environment, plan_attention
+from hf_pretrain.precision import high_precision
 from hf_pretrain.presets import PRESETS, load_config
 from hf_pretrain.training.resume.check import CheckpointError
 
@@ -287,7 +287,7 @@ def check_arguments(
 
 
 def check_run_memory(config: PretrainConfig, plan: dict, seq_len: int, args: PretrainingArguments) -> None:
-    """The memory preflight of the trainer (hf_pretrain.preflight.memory) before any data work; under DeepSpeed or
+    """The memory preflight of the trainer (hf_pretrain.distributed.memory_preflight) before any data work; under DeepSpeed or
     FSDP the trainer checks it at the start of training, once the sharding is known."""
     sharded = (
         args.deepspeed or args.fsdp or "true" in (os.environ.get(f"ACCELERATE_USE_{k}") for k in ("DEEPSPEED", "FSDP"))

@@ -218,7 +218,7 @@ class PretrainTrainer(TrainerPrivateOverrides):
             super().create_accelerator_and_postprocess()
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        if self.extras and not _internal_call:  # checkpoints.py: the final save written beside, moved into place
+        if self.extras and not _internal_call:  # resume/store.py: the final save written beside, moved into place
             barrier = lambda: wait_for_everyone(self.accelerator)  # noqa: E731
             save_into_place(self._save_whole_model, output_dir or self.args.output_dir, self.args.should_save, barrier)
             if self.args.push_to_hub:

@@ -13,15 +13,7 @@ from transformers import DataCollatorWithFlattening
 from transformers.utils import logging
 
 from ..callback import PretrainCallback
-from ..evaluation import GenerationProbeCallback
-from ..evaluation.downstream.callback import DownstreamEvalCallback
-from ..evaluation.downstream.cost import DownstreamCostCallback
-from ..modeling.attention import Environment, plan_attention
-from ..precision import apply_precision
-from ..precision.recipes import RECIPES
-from ..preflight.attention import AttentionReport, attention_preflight, enforce_attention_policy
-from ..preflight.compile import CompileCallback
-from ..preflight.memory import (
+from ..distributed.memory_preflight import (
     MemoryCheck,
     RunShape,
     check_memory,
@@ -31,6 +23,14 @@ from ..preflight.memory import (
     model_bytes,
     precision_name,
 )
+from ..evaluation import GenerationProbeCallback
+from ..evaluation.downstream.callback import DownstreamEvalCallback
+from ..evaluation.downstream.cost import DownstreamCostCallback
+from ..modeling.attention import Environment, plan_attention
+from ..precision import apply_precision
+from ..precision.recipes import RECIPES
+from ..preflight.attention import AttentionReport, attention_preflight, enforce_attention_policy
+from ..preflight.compile import CompileCallback
 from ..telemetry.hardware import HardwareSensorsCallback
 from ..telemetry.jsonl import JsonlCallback
 from ..telemetry.mixture import MixtureCallback
@@ -139,7 +139,7 @@ def attention_preflight_for(trainer) -> tuple[AttentionReport | None, dict]:
 
 def memory_preflight_for(trainer) -> MemoryCheck | None:
     """An hf_pretrain model's estimated memory against what is free on the run's device or host, before the first
-    step (`preflight/memory.py`): refused or warned of per `memory_preflight`."""
+    step (`distributed/memory_preflight.py`): refused or warned of per `memory_preflight`."""
     report, args, model = trainer.attention_report, trainer.args, trainer.model
     policy = _get(args, "memory_preflight", "error")
     seq_len = sequence_length(trainer)

@@ -19,7 +19,7 @@ import resource
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..distributed.memory import GiB, MemoryEstimate, estimate_memory
+from .memory import GiB, MemoryEstimate, estimate_memory
 
 WARN_FRACTION = 0.85
 POLICIES = ("error", "warn", "ignore")
