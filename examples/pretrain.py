@@ -38,15 +38,7 @@ from hf_pretrain.data.pipeline_config import PipelineConfig
 from hf_pretrain.data.read import list_files
 from hf_pretrain.data.split import check_fraction
 from hf_pretrain.data.tokenizer import check_vocab_size
-from hf_pretrain.distributed.memory_preflight import (
-    MemoryPreflightError,
-    RunShape,
-    check_memory,
-    enforce_memory_policy,
-    kernel_memory,
-    local_processes,
-    precision_name,
-)
+from hf_pretrain.distributed.memory_preflight import MemoryPreflightError, RunShape, check_memory, enforce_memory_policy
 from hf_pretrain.modeling.attention import Environment, plan_attention
 from hf_pretrain.precision import high_precision
 from hf_pretrain.presets import PRESETS, load_config
@@ -287,22 +279,12 @@ def check_arguments(
 
 
 def check_run_memory(config: PretrainConfig, plan: dict, seq_len: int, args: PretrainingArguments) -> None:
-    """The memory preflight of the trainer (hf_pretrain.distributed.memory_preflight) before any data work; under DeepSpeed or
-    FSDP the trainer checks it at the start of training, once the sharding is known."""
-    sharded = (
-        args.deepspeed or args.fsdp or "true" in (os.environ.get(f"ACCELERATE_USE_{k}") for k in ("DEEPSPEED", "FSDP"))
-    )
-    if args.memory_preflight == "ignore" or sharded:  # accelerate's config sets these for the launched script
+    """The trainer's memory preflight (hf_pretrain.distributed.memory_preflight) before any data work; under
+    DeepSpeed or FSDP the trainer checks it when training starts, once the sharding is known."""
+    launched = (os.environ.get(f"ACCELERATE_USE_{k}") for k in ("DEEPSPEED", "FSDP"))  # set by accelerate's config
+    if args.memory_preflight == "ignore" or args.deepspeed or args.fsdp or "true" in launched:
         return
-    shape = RunShape(
-        precision_name(args),
-        seq_len,
-        args.per_device_train_batch_size,
-        bool(args.gradient_checkpointing),
-        gpus=args.world_size,
-        **kernel_memory(config, plan),
-    )
-    check = check_memory(config, shape, args.device, local_processes() if args.device.type == "cpu" else 1)
+    check = check_memory(config, RunShape.of_run(args, config, plan, seq_len), args.device)
     warn = (lambda text: print(f"warning: {text}", file=sys.stderr)) if args.process_index == 0 else (lambda _: None)
     enforce_memory_policy(check, args.memory_preflight, warn)
 

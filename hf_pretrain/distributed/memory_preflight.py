@@ -44,6 +44,17 @@ class RunShape:
     dense_mask_layers: int = 0
     offload: bool = False
 
+    @classmethod
+    def of_run(cls, args, config, plan: dict, seq_len: int, micro_batch: int | None = None, **sharding) -> RunShape:
+        """A run's shape from its `TrainingArguments`, its attention plan (`kernel_memory`) and sequence length;
+        `sharding`: `zero`, `fsdp2`, `offload` (none: DDP or one process)."""
+        micro_batch = micro_batch or args.per_device_train_batch_size
+        checkpointing = bool(args.gradient_checkpointing)
+        kernels = kernel_memory(config, plan)
+        return cls(
+            precision_name(args), seq_len, micro_batch, checkpointing, gpus=args.world_size, **sharding, **kernels
+        )
+
     def estimate(self, config) -> MemoryEstimate:
         return estimate_memory(
             config,
@@ -192,9 +203,12 @@ class MemoryCheck:
         return f"{head}: it would be killed for want of memory. Fix: {fix}."
 
 
-def check_memory(config, shape: RunShape, device, processes: int = 1, held: int = 0) -> MemoryCheck:
+def check_memory(config, shape: RunShape, device, held: int = 0) -> MemoryCheck:
     """The estimate of `shape` against the memory free for this process on `device` (+ `held`: what the model
-    already takes there)."""
+    already takes there); on a CPU the host's memory is shared by this node's processes."""
+    import torch
+
+    processes = local_processes() if torch.device(device).type == "cpu" else 1
     free, where = free_memory(device, processes)
     return MemoryCheck(config, shape, shape.estimate(config).total, free + held, where)
 

@@ -13,16 +13,7 @@ from transformers import DataCollatorWithFlattening
 from transformers.utils import logging
 
 from ..callback import PretrainCallback
-from ..distributed.memory_preflight import (
-    MemoryCheck,
-    RunShape,
-    check_memory,
-    enforce_memory_policy,
-    kernel_memory,
-    local_processes,
-    model_bytes,
-    precision_name,
-)
+from ..distributed.memory_preflight import MemoryCheck, RunShape, check_memory, enforce_memory_policy, model_bytes
 from ..evaluation import GenerationProbeCallback
 from ..evaluation.downstream.callback import DownstreamEvalCallback
 from ..evaluation.downstream.cost import DownstreamCostCallback
@@ -155,16 +146,13 @@ def memory_preflight_for(trainer) -> MemoryCheck | None:
         device = plugin.deepspeed_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device")
         offload = zero >= 1 and device in ("cpu", "nvme")
     elif trainer.is_fsdp_enabled:
-        if trainer.accelerator.state.fsdp_plugin.cpu_offload.offload_params:
+        policy = trainer.accelerator.state.fsdp_plugin.cpu_offload  # FSDP1: CPUOffload; FSDP2: an OffloadPolicy
+        if getattr(policy, "offload_params", False) or type(policy).__name__ == "CPUOffloadPolicy":
             return None  # FSDP's CPU offload is not modelled by the estimator
         zero, fsdp2 = 3, True
-    kernels = kernel_memory(model.config, {row.layer_type: row for row in report.rows})
-    shape = RunShape(
-        precision_name(args), seq_len, micro, bool(args.gradient_checkpointing), zero, args.world_size, fsdp2,
-        offload=offload, **kernels,
-    )  # fmt: skip
-    processes = local_processes() if args.device.type == "cpu" else 1
-    check = check_memory(model.config, shape, args.device, processes, held=model_bytes(model, args.device))
+    plan = {row.layer_type: row for row in report.rows}
+    shape = RunShape.of_run(args, model.config, plan, seq_len, micro, zero=zero, fsdp2=fsdp2, offload=offload)
+    check = check_memory(model.config, shape, args.device, held=model_bytes(model, args.device))
     main = trainer.is_world_process_zero()
     enforce_memory_policy(check, policy if main or policy == "error" else "ignore", logger.warning)
     return check
