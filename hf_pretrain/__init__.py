@@ -22,6 +22,8 @@ import importlib.util
 import logging
 import sys
 
+from .lazy import lazy_getattr
+
 
 class _ImportNoise(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
@@ -80,12 +82,7 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module 'hf_pretrain' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOMES[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _HOMES)
 
 
 def __dir__() -> list[str]:

@@ -57,7 +57,9 @@ def test_importing_the_package_registers_the_model_quietly_and_loads_the_trainer
 HEAVY = ("torch", "transformers", "datasets")
 
 
-@pytest.mark.parametrize("argv", [[], ["--help"], ["data", "--help"], ["data", "dedup", "--help"], ["data", "dedup"]])
+@pytest.mark.parametrize(
+    "argv", [[], ["--help"], ["data", "--help"], ["data", "dedup", "--help"], ["data", "dedup"], ["eval", "--help"]]
+)
 def test_help_and_argument_errors_import_nothing_heavy(argv):
     code = (
         "import sys, contextlib, io\n"

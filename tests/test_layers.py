@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hf_pretrain"
 ROOT = PACKAGE.parent
 # The floors, lowest first: a module imports from its own part (`hf_pretrain.<part>`) or from a lower floor.
 FLOORS = (
-    ("chips", "callback"),  # facts and protocols
+    ("chips", "callback", "lazy"),  # facts and protocols
     ("modeling",),
     ("presets", "precision", "data"),
     ("telemetry", "evaluation", "preflight"),

@@ -1,7 +1,7 @@
 """Data blocks: corpus loading, tokenizer training, tokenize-and-pack (imported on first use: `hf-pretrain data`
 parses its arguments before `datasets` and torch are loaded)."""
 
-import importlib
+from ..lazy import lazy_getattr
 
 _HOMES = {
     "Pack": ".packing",
@@ -18,9 +18,4 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module 'hf_pretrain.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOMES[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _HOMES)

@@ -15,14 +15,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .generation_probe import GenerationProbeCallback, exact_match, normalize_answer, parse_prompt
-from .reduce import (
-    CausalLMMetrics,
-    causal_lm_statistics_or_empty,
-    compute_metrics,
-    preprocess_logits_for_metrics,
-    token_statistics,
-)
+from ..lazy import lazy_getattr
+
+_HOMES = {  # imported on first use: `hf-pretrain eval --help` answers before torch is loaded
+    "GenerationProbeCallback": ".generation_probe",
+    "exact_match": ".generation_probe",
+    "normalize_answer": ".generation_probe",
+    "parse_prompt": ".generation_probe",
+    "CausalLMMetrics": ".reduce",
+    "causal_lm_statistics_or_empty": ".reduce",
+    "compute_metrics": ".reduce",
+    "preprocess_logits_for_metrics": ".reduce",
+    "token_statistics": ".reduce",
+}
 
 METRICS_DIR = Path(__file__).resolve().parent / "metrics"
 METRICS = ("perplexity", "next_token_accuracy")
@@ -54,17 +59,7 @@ def load_metric(name: str, **kwargs):
     return evaluate.load(metric_path(name), **kwargs)
 
 
-__all__ = [
-    "METRICS",
-    "CausalLMMetrics",
-    "causal_lm_statistics_or_empty",
-    "GenerationProbeCallback",
-    "compute_metrics",
-    "exact_match",
-    "load_metric",
-    "metric_path",
-    "normalize_answer",
-    "parse_prompt",
-    "preprocess_logits_for_metrics",
-    "token_statistics",
-]
+__all__ = sorted(["METRICS", "load_metric", "metric_path", *_HOMES])
+
+
+__getattr__ = lazy_getattr(__name__, _HOMES)

@@ -80,7 +80,7 @@ class ProbeResult:
     match: bool | None = None
 
 
-def _is_sharded(model, args) -> bool:
+def is_sharded(model, args) -> bool:
     """Whether the parameters are sharded across ranks (FSDP 1/2, DeepSpeed ZeRO-3): every rank must run forward."""
     try:
         from transformers.integrations import is_deepspeed_zero3_enabled
@@ -178,7 +178,7 @@ class GenerationProbeCallback(PretrainCallback):
             return
         self._last_step = state.global_step
         control.should_log = True  # every rank: the probe's results get a log at this very step
-        main, sharded = state.is_world_process_zero, _is_sharded(model, args)
+        main, sharded = state.is_world_process_zero, is_sharded(model, args)
         if not main and not sharded:
             return  # DDP / one process: rank 0 generates alone, on the unwrapped model
         tokenizer = self.tokenizer or processing_class

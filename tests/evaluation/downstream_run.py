@@ -13,7 +13,7 @@ from transformers import default_data_collator
 
 from hf_pretrain import PretrainTrainer
 from hf_pretrain.evaluation.downstream.callback import DownstreamEvalCallback
-from hf_pretrain.evaluation.generation_probe import _is_sharded
+from hf_pretrain.evaluation.generation_probe import is_sharded
 from tests.conftest import quick_args
 from tests.evaluation.downstream_models import bpe_tokenizer, tiny_model, training_rows
 
@@ -42,7 +42,7 @@ def main(out: str, deepspeed: str | None = None) -> None:
         "forwards": len(forwards),
         "batches": len(batches[args.process_index :: args.world_size]),
         "all_batches": len(batches),
-        "sharded": _is_sharded(trainer.model, args),
+        "sharded": is_sharded(trainer.model, args),
     }
     with open(f"{out}/rank-{args.process_index}.json", "w") as f:
         json.dump(record, f)

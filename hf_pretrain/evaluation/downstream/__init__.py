@@ -9,24 +9,23 @@
 See docs/evaluation.md.
 """
 
-from .data import INSTALL_COMMAND, MissingTaskData, data_root
-from .evaluator import DownstreamEvaluator, DownstreamResult, packs_documents
-from .scoring import at_chance, chance_interval
-from .tasks import DEFAULT_TASKS, TASKS, Example, Task, build_examples, resolve_tasks
+from ...lazy import lazy_getattr
 
-__all__ = [
-    "DEFAULT_TASKS",
-    "INSTALL_COMMAND",
-    "TASKS",
-    "DownstreamEvaluator",
-    "DownstreamResult",
-    "Example",
-    "MissingTaskData",
-    "Task",
-    "at_chance",
-    "build_examples",
-    "chance_interval",
-    "data_root",
-    "packs_documents",
-    "resolve_tasks",
-]
+_HOMES = {  # imported on first use: `hf-pretrain eval --help` answers before torch is loaded
+    "INSTALL_COMMAND": ".data",
+    "MissingTaskData": ".data",
+    "data_root": ".data",
+    "DownstreamEvaluator": ".evaluator",
+    "DownstreamResult": ".evaluator",
+    "packs_documents": ".evaluator",
+    "at_chance": ".scoring",
+    "chance_interval": ".scoring",
+    "DEFAULT_TASKS": ".tasks",
+    "TASKS": ".tasks",
+    "Example": ".tasks",
+    "Task": ".tasks",
+    "build_examples": ".tasks",
+    "resolve_tasks": ".tasks",
+}
+__all__ = sorted(_HOMES)
+__getattr__ = lazy_getattr(__name__, _HOMES)

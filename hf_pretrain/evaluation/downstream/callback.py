@@ -24,7 +24,7 @@ import contextlib
 import time
 
 from ...callback import PretrainCallback
-from ..generation_probe import _is_sharded
+from ..generation_probe import is_sharded
 from .evaluator import DEFAULT_BATCH_TOKENS, DownstreamEvaluator, DownstreamResult
 
 
@@ -118,7 +118,7 @@ class DownstreamEvalCallback(PretrainCallback):
         result = self.evaluator.evaluate(
             model,
             args.device,
-            sharded=_is_sharded(model, args) and args.world_size > 1,
+            sharded=is_sharded(model, args) and args.world_size > 1,
             autocast=self.autocast or contextlib.nullcontext,
         )
         self.seconds.append(result.seconds)
