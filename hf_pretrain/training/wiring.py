@@ -146,8 +146,8 @@ def memory_preflight_for(trainer) -> MemoryCheck | None:
         device = plugin.deepspeed_config.get("zero_optimization", {}).get("offload_optimizer", {}).get("device")
         offload = zero >= 1 and device in ("cpu", "nvme")
     elif trainer.is_fsdp_enabled:
-        policy = trainer.accelerator.state.fsdp_plugin.cpu_offload  # FSDP1: CPUOffload; FSDP2: an OffloadPolicy
-        if getattr(policy, "offload_params", False) or type(policy).__name__ == "CPUOffloadPolicy":
+        cpu_offload = trainer.accelerator.state.fsdp_plugin.cpu_offload  # FSDP1: CPUOffload; FSDP2: an OffloadPolicy
+        if getattr(cpu_offload, "offload_params", False) or type(cpu_offload).__name__ == "CPUOffloadPolicy":
             return None  # FSDP's CPU offload is not modelled by the estimator
         zero, fsdp2 = 3, True
     plan = {row.layer_type: row for row in report.rows}
