@@ -32,6 +32,7 @@ from transformers import HfArgumentParser, PreTrainedTokenizerBase, set_seed
 
 from hf_pretrain import PretrainConfig, PretrainForCausalLM, PretrainingArguments, PretrainTrainer, get_preset
 from hf_pretrain.data import PackedDocumentCollator, write_embedded_corpus
+from hf_pretrain.data.mixture import MixtureConfig, MixtureDataset
 from hf_pretrain.data.packing import check_seq_len
 from hf_pretrain.data.pipeline import Pipeline, load_packed, tokenizer_path
 from hf_pretrain.data.pipeline_config import PipelineConfig
@@ -96,6 +97,13 @@ class DataArguments:
             "help": "Your data: jsonl/json/txt/parquet/arrow file(s) or a save_to_disk folder. Default: embedded corpus."
         },
     )
+    mixture: str | None = field(
+        default=None,
+        metadata={
+            "help": "A weighted mixture of prepared sources (a JSON file, docs/data.md#weighted-mixtures) instead of "
+            "--dataset_path: trained in its order, its realised shares logged."
+        },
+    )
     text_column: str = field(default="text", metadata={"help": "Column holding the text."})
     heldout_fraction: float = field(
         default=0.05, metadata={"help": "Fraction of documents held out (when no split exists)."}
@@ -142,8 +150,14 @@ def resolve_dtype(model_args: ModelArguments, args: PretrainingArguments) -> tup
 
 
 def unigram_entropy(blocks) -> float:
-    """Entropy in nats per token of the unigram distribution of the packed training tokens."""
-    counts = np.bincount(np.concatenate([np.asarray(ids) for ids in blocks["input_ids"]]))
+    """Entropy in nats per token of the unigram distribution of the packed training tokens (of a mixture: its
+    first 10,000 rows in training order)."""
+    rows = (
+        blocks["input_ids"]
+        if hasattr(blocks, "column_names")
+        else [blocks[i]["input_ids"] for i in range(min(len(blocks), 10_000))]
+    )
+    counts = np.bincount(np.concatenate([np.asarray(ids) for ids in rows]))
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
 
@@ -168,6 +182,8 @@ def prepare_data(data_args: DataArguments, args: PretrainingArguments, vocab_siz
     """Tokenizer, packed train blocks and packed held-out blocks (None when too few to fill one)."""
     from transformers import AutoTokenizer
 
+    if data_args.mixture:
+        return prepare_mixture(data_args, args)
     cache = Path(data_args.data_cache_dir or Path(args.output_dir) / "data")
     # The whole world's main process first, not each node's: nodes that share a filesystem (and the two "nodes" of
     # a rehearsal on one machine) would otherwise write the same cache at once; the others then reuse it, or
@@ -183,6 +199,62 @@ def prepare_data(data_args: DataArguments, args: PretrainingArguments, vocab_siz
     if args.process_index == 0:
         report_data(pipeline, data_args.dataset_path or f"embedded corpus ({source})", len(tokenizer))
     return tokenizer, packed["train"], packed.get("heldout")
+
+
+def check_mixture_flags(data_args: DataArguments) -> None:
+    """--mixture reads sources already prepared: the flags that would prepare data are refused beside it."""
+    if not Path(data_args.mixture).is_file():
+        raise FileNotFoundError(f"--mixture {data_args.mixture!r} is not a file; give a mixture JSON file.")
+    if data_args.dataset_path:
+        raise ValueError("--mixture and --dataset_path exclude each other: add the dataset as a source of the mixture.")
+    MixtureConfig.from_file(data_args.mixture)  # a bad config is one error line before any data work
+
+
+def mixture_tokenizer(config: MixtureConfig, tokenizer_name_or_path: str | None) -> str:
+    """The one tokenizer the mixture's prepared sources were tokenized with (or --tokenizer_name_or_path when no
+    source is a `prepare` folder); sources tokenized differently are refused, since their ids would not agree."""
+    found = {}
+    for name, source in config.sources.items():
+        if any(Path(source["path"]).glob("*-tokenizer")):
+            folder = tokenizer_path(source["path"])
+            found[name] = (folder, (folder / "tokenizer.json").read_bytes())
+    if len({vocab for _, vocab in found.values()}) > 1:
+        raise ValueError(
+            f"--mixture: the sources {sorted(found)} were tokenized by different tokenizers; prepare every source with "
+            "one tokenizer (`tokenizer: {path: ...}` in each prepare config) so their ids agree."
+        )
+    if tokenizer_name_or_path:
+        return tokenizer_name_or_path
+    if not found:
+        raise ValueError(
+            "--mixture: no source is a prepare output folder holding its tokenizer; give --tokenizer_name_or_path."
+        )
+    return str(next(iter(found.values()))[0])
+
+
+def prepare_mixture(data_args: DataArguments, args: PretrainingArguments):
+    """The tokenizer, the mixture's training order and the sources' held-out rows (None when none has any)."""
+    from datasets import concatenate_datasets
+    from transformers import AutoTokenizer
+
+    config = MixtureConfig.from_file(data_args.mixture)
+    tokenizer = AutoTokenizer.from_pretrained(mixture_tokenizer(config, data_args.tokenizer_name_or_path))
+    train = MixtureDataset(config)
+    longest = max(max(len(ids) for ids in source["input_ids"]) for source in train.sources)
+    if longest > data_args.seq_len:
+        raise ValueError(
+            f"--mixture: its sources hold rows of {longest} tokens, above --seq_len {data_args.seq_len}; "
+            f"give --seq_len {longest} (or pack the sources to --seq_len)."
+        )
+    heldout = [
+        load_packed(s["path"])["heldout"].select_columns(["input_ids"])
+        for s in config.sources.values()
+        if any(Path(s["path"]).glob("*-pack")) and "heldout" in load_packed(s["path"])
+    ]
+    if args.process_index == 0:
+        print(f"[data] {train.describe()}")
+        print(f"[tokenizer] {len(tokenizer)} tokens, shared by the mixture's sources")
+    return tokenizer, train, concatenate_datasets(heldout) if heldout else None
 
 
 def report_data(pipeline: Pipeline, source: str, vocab: int) -> None:
@@ -272,6 +344,8 @@ def check_arguments(
         raise ValueError(f"--num_proc={data_args.num_proc}: use a number of worker processes >= 1.")
     if data_args.dataset_path:
         list_files(data_args.dataset_path, field="--dataset_path")
+    if data_args.mixture:
+        check_mixture_flags(data_args)
     if args is not None:
         env = Environment.detect(args.device, getattr(torch, {"bf16": "bfloat16"}.get(dtype, "float32")), training=True)
         plan = plan_attention(config, env, packed=data_args.separate_documents)  # a kernel that cannot run here
