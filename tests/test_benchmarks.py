@@ -54,7 +54,7 @@ def test_muon_benchmark_prints_the_step_ratio_and_both_differences(tmp_path, cap
     assert "Muon / AdamW" in out and "equal wall-clock" in out and "optimizer: Muon for 28 hidden matrices" in out
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # make test: FSDP2 against ZeRO-3 in tests/distributed/
 @pytest.mark.distributed
 def test_fsdp2_benchmark_runs_both_strategies_and_prints_ratios(capsys):
     small = ["--steps", "4", "--layers", "2", "--vocab", "1024", "--hidden", "128", "--seq", "32", "--batch", "2"]
@@ -64,7 +64,7 @@ def test_fsdp2_benchmark_runs_both_strategies_and_prints_ratios(capsys):
     assert "ratio FSDP2/DDP" in capsys.readouterr().out
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # make test: compiled against eager in tests/training/test_compile.py
 def test_compile_benchmark_times_eager_whole_model_and_blocks(capsys):
     args = ["--layers", "1", "--hidden", "64", "--vocab", "256", "--seq", "32", "--steps", "1", "--backend", "eager"]
     results = load("compile").main(args)  # Dynamo traces, no compiler: the smoke of every code path in seconds

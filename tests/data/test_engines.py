@@ -206,6 +206,7 @@ def slurm_env():
         yield env
 
 
+@pytest.mark.exhaustive  # a Ray head and workers start in ~20 s; make test: the local and Slurm executors
 def test_ray_executor_gives_the_one_machine_result(corpus, tmp_path, ray_address):
     out = tmp_path / "ray"
     path = config_file(corpus, out, None, kind="ray", tasks=2, address=ray_address, mem_per_cpu_gb=1)

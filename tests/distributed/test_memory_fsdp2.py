@@ -45,7 +45,8 @@ def test_cli_fsdp2(capsys):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("precision", [pytest.param("no", marks=pytest.mark.exhaustive), "bf16"])
+@pytest.mark.exhaustive  # a 2-rank launch per precision; make test: ZeRO-3's live tensors (test_memory.py)
+@pytest.mark.parametrize("precision", ["no", "bf16"])
 def test_estimate_matches_fsdp2_live_tensors(precision):
     """Every tensor alive in a real FSDP2 run of 2 CPU ranks (accelerate's fully_shard units), after backward and
     inside the optimizer step: 16 bytes per parameter / N in fp32 and under bf16 mixed precision alike (measured:

@@ -162,6 +162,10 @@ def test_two_ranks_under_zero3(tmp_path):
     )
     assert ranks[0]["sharded"] and ranks[1]["sharded"]
     assert_sharded_and_equal_to_one_process(tmp_path, ranks)
+    # the generation probe in the same run: every rank generates in lockstep (ZeRO-3 gathers inside each forward),
+    # rank 0 alone logs (tests/evaluation/test_generation_probe.py runs it alone under DDP and ZeRO-3)
+    assert ranks[0]["generate_calls"] == ranks[1]["generate_calls"] == [True] * 2 * 2
+    assert ranks[0]["probed_steps"] == [1, 2] and ranks[1]["probed_steps"] == []
 
 
 @pytest.mark.distributed

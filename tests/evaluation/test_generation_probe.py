@@ -261,7 +261,8 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("zero3", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["ddp", "zero3"])
+@pytest.mark.exhaustive  # make test: the probe under ZeRO-3 in test_downstream_training.py's launch
+@pytest.mark.parametrize("zero3", [False, True], ids=["ddp", "zero3"])
 def test_two_ranks_probe_without_deadlock(tmp_path, zero3):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
