@@ -45,15 +45,6 @@ def ranks(out: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
 
 
-@pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    """One process, the whole global batch of 8 per step."""
-    out = tmp_path_factory.mktemp("single")
-    process = subprocess.Popen([sys.executable, str(SCRIPT), str(out), "8"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE)
-    finish(process)
-    return ranks(out)[0]
-
-
 def assert_same_curve(records, reference, tolerance):
     assert [r["world_size"] for r in records] == [2, 2]
     assert len({r["digest"] for r in records}) == 1  # every rank holds the same parameters

@@ -14,14 +14,12 @@ from transformers import AutoModelForCausalLM
 
 from hf_pretrain import PretrainForCausalLM, export_hf
 from hf_pretrain.training.resume.check import check_checkpoint
-from tests.distributed import test_distributed
 from tests.distributed.test_distributed import CONFIGS, assert_same_curve, finish, free_port, launch, ranks
 from tests.distributed.test_multiprocess_resume import launch as launch_resume
 from tests.distributed.test_multiprocess_resume import losses
 
 pytestmark = pytest.mark.distributed
 
-single = test_distributed.single  # the one-process reference run (a module fixture)
 FSDP2 = CONFIGS / "cpu_2proc_fsdp2.yaml"
 PROBE = torch.randint(3, 500, (48, 32), generator=torch.Generator().manual_seed(1))[:2]  # dist_run.py's batch
 
