@@ -48,7 +48,7 @@ def launch(out: Path, *launch_args: str, extra=(), data_dir: Path | None = None)
 
 
 @pytest.mark.slow
-def test_default_job_trains_evaluates_saves_and_samples(tmp_path):
+def test_default_job_trains_evaluates_saves_and_samples(tmp_path, capsys):
     data = tmp_path / "data"
     proc = launch(tmp_path / "run", "--num_processes", "1", data_dir=data)
     summary = json.loads((tmp_path / "run" / "pretrain_summary.json").read_text())
@@ -68,9 +68,14 @@ def test_default_job_trains_evaluates_saves_and_samples(tmp_path):
     with torch.no_grad():
         assert torch.isfinite(model(ids).logits).all()
 
-    # A second run reuses corpus, tokenizer and packed blocks.
-    again = launch(tmp_path / "run2", "--num_processes", "1", extra=["--max_steps", "2"], data_dir=data)
-    assert "[tokenizer] loaded" in again.stdout and again.stdout.count("[reused cache]") == 2
+    # A second run's data step reuses corpus, tokenizer and packed blocks (here in-process: the launch is above).
+    example = example_module()
+    model_args, data_args, args = example.parse_args(
+        ["--output_dir", str(tmp_path / "run2"), "--data_cache_dir", str(data), "--seq_len", "128"]
+    )
+    example.prepare_data(data_args, args, example.base_config(model_args.preset).vocab_size)
+    again = capsys.readouterr().out
+    assert "[tokenizer] loaded" in again and again.count("[reused cache]") == 2
 
 
 @pytest.mark.exhaustive  # make test: DDP in tests/distributed/, the example's flags in one process below
