@@ -33,6 +33,9 @@ the same command line a transformers user already writes. Differences:
   decoder layer in place (`compile.py`); the first logs report the compile time (`preflight/compile.py`).
 - `use_cpu` defaults to `None` = auto: True when torch sees no accelerator, so a CPU-only machine
   trains on CPU (gloo for several processes) without a flag.
+- `async_checkpoint` (default True): checkpoints written in the background (`resume/background.py`); the hang
+  watchdog (`hang_watchdog`, `hang_timeout_*`) and the restart-loop guard (`restart_same_failure_limit`): see
+  `recovery/`. `resume_from_checkpoint` also takes `"auto"` (the newest whole checkpoint, or a fresh start).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import TrainingArguments
+from transformers.utils import logging
 
 from ..callback import PretrainCallback
 from ..evaluation.downstream.callback import DownstreamEvalCallback
@@ -52,6 +56,11 @@ from ..telemetry.straggler import StragglerCallback
 from ..telemetry.throughput import ThroughputCallback
 from ..telemetry.underclock import UnderclockCallback
 from .loss_guard import LossGuardCallback
+from .recovery.attempts import restart_rendezvous_warning
+from .recovery.room import RecoveryCallback
+from .resume.background import ASYNC_CHECKPOINT_DEFAULT
+
+logger = logging.get_logger(__name__)
 
 
 def owned(owner: type[PretrainCallback], name: str, help: str):
@@ -279,6 +288,36 @@ class PretrainingArguments(TrainingArguments):
         default=None,
         metadata={"help": "Train on CPU. Default: auto, True when no GPU/accelerator is visible."},
     )
+    async_checkpoint: bool = field(
+        default=ASYNC_CHECKPOINT_DEFAULT,
+        metadata={
+            "help": "Checkpoints stall the training loop only while the state is copied into host memory (pinned "
+            "with CUDA); the files are written and renamed into place in the background. Falls back to synchronous "
+            "saves (saying why) with push_to_hub, load_best_model_at_end, or too little host memory."
+        },
+    )
+    hang_watchdog: bool | None = owned(
+        RecoveryCallback,
+        "hang_watchdog",
+        "Exit (so a launcher with --max_restarts restarts the run) after dumping every thread's stack when no "
+        "optimizer step completes within the timeout. Default: on with several processes or restarts allowed.",
+    )
+    hang_timeout_factor: float = owned(
+        RecoveryCallback,
+        "hang_timeout_factor",
+        "Hang timeout: this x the median step time (at least hang_timeout_min_s).",
+    )
+    hang_timeout_min_s: float = owned(RecoveryCallback, "hang_timeout_min_s", "Hang timeout: the least, in seconds.")
+    hang_timeout_floor_s: float = owned(
+        RecoveryCallback,
+        "hang_timeout_floor_s",
+        "Hang timeout during the first steps (compilation, start-up), saves and evaluations, in seconds.",
+    )
+    restart_same_failure_limit: int = owned(
+        RecoveryCallback,
+        "restart_same_failure_limit",
+        "Stop restarting once this many attempts in a row failed the same way at the same step (0: never stop).",
+    )
 
     def __post_init__(self):
         if self.torch_compile_scope not in ("model", "blocks"):
@@ -326,6 +365,8 @@ class PretrainingArguments(TrainingArguments):
             resolve_tasks(self.downstream_tasks)  # an unknown name is refused now, listing the available ones
         if self.use_cpu is None:  # extras off: transformers' default
             self.use_cpu = not accelerator_available() if self.pretrain_extras else False
+        if self.pretrain_extras and (warning := restart_rendezvous_warning()) and os.environ.get("RANK", "0") == "0":
+            logger.warning(warning)  # before the process group starts: a restarted one fails right there
         super().__post_init__()
 
     def _check_values(self) -> None:

@@ -47,6 +47,7 @@ from .processes import (
     wait_for_everyone,
     workers_start_warning,
 )
+from .recovery.room import Recovery
 from .resume.checkpointing import Checkpointing
 from .resume.data_position import DataPosition
 from .resume.store import read_run_state, save_into_place
@@ -78,6 +79,7 @@ class PretrainTrainer(TrainerPrivateOverrides):
         self.tokens = TokenCounter(self)
         self.data_position = DataPosition(self)
         self.checkpointing = Checkpointing(self)
+        self.recovery = Recovery(self)
         self._pending_preflight_logs: dict = {}
         self._compile_callback = None
         self._attached: list[PretrainCallback] = []  # what train() attached; detached when it returns
@@ -126,10 +128,13 @@ class PretrainTrainer(TrainerPrivateOverrides):
             self.loss_guard.load_state(saved["loss_guard"])
         self._compile_callback = compile_from_arguments(self)
         self._attach_callbacks()
+        error = None
         try:
+            self.recovery.start(checkpoint, saved, self._attached)  # recovery/: attempts, restart-loop guard, watchdog
             while True:
                 self.data_position.resume(saved)
                 output = super().train(checkpoint, *args, **kwargs)
+                self.checkpointing.finish()  # the last background save complete (or raised) before train() returns
                 guard = self.loss_guard
                 if guard is None or guard.rollback_from is None:
                     wait_for_everyone(self.accelerator)  # ranks leave train() together (a probe on rank 0 may lag)
@@ -137,7 +142,11 @@ class PretrainTrainer(TrainerPrivateOverrides):
                 checkpoint = self.checkpointing.rollback_checkpoint(guard.rollback_from)
                 guard.start_rollback(self.args, checkpoint)  # lowers the learning rate, or stops
                 saved = read_run_state(checkpoint)
+        except BaseException as failure:
+            error = failure
+            raise
         finally:  # the callback list is the user's again, as with Trainer
+            self.recovery.finish(error)
             for callback in self._attached:
                 self.remove_callback(callback)
             self._attached = []
@@ -177,6 +186,7 @@ class PretrainTrainer(TrainerPrivateOverrides):
         start = time.perf_counter()
         for timer in timers:
             timer.before_micro_batch()
+        self.checkpointing.raise_if_failed()  # a background save that failed stops the run at its next step
         loss = super().training_step(model, inputs, *args, **kwargs)
         self.data_position.micro_batches_trained += 1
         end = time.perf_counter()
@@ -237,7 +247,7 @@ class PretrainTrainer(TrainerPrivateOverrides):
         with high_precision(self.model):  # evaluation never runs the low-precision path
             if not self.extras:
                 return super().evaluate(*args, **kwargs)
-            with lm_eval_metrics(self):
+            with lm_eval_metrics(self), self.recovery.phase("eval"):
                 return super().evaluate(*args, **kwargs)
 
     def predict(self, *args, **kwargs):

@@ -1,5 +1,5 @@
 """transformers' private surface, in one module: every private `Trainer` method hf_pretrain overrides or calls,
-and every `transformers.trainer` module global it patches.
+and every `transformers.trainer` (or `transformers.modeling_utils`) module global it patches.
 
 `PretrainTrainer` derives from `TrainerPrivateOverrides`: each override hands the call to its room (tokens, loss
 guard, data position, checkpointing, precision, compile). A module global is replaced only for the duration of
@@ -14,6 +14,7 @@ import contextlib
 import functools
 
 import transformers
+import transformers.modeling_utils as hf_modeling
 import transformers.trainer as hf_trainer
 from transformers import Trainer
 
@@ -23,7 +24,8 @@ from .compile import accelerator_args_for
 SUPPORTED_TRANSFORMERS = ">=5.24,<6"  # setup.cfg's requirement (tests/training/test_transformers_private.py)
 
 # "Trainer.<method>": overridden below or called on a trainer; "Trainer.<method>.<attribute>": an attribute that
-# method sets and hf_pretrain sets too; "transformers.trainer.<global>": patched for one call.
+# method sets and hf_pretrain sets too; "transformers.trainer.<global>", "transformers.modeling_utils.<global>":
+# patched for one call.
 PRIVATE_SURFACE = (
     "Trainer._build_accelerator_args",
     "Trainer._track_num_input_tokens",
@@ -37,6 +39,7 @@ PRIVATE_SURFACE = (
     "Trainer.create_scheduler._created_lr_scheduler",
     "transformers.trainer.rotate_checkpoints",
     "transformers.trainer.skip_first_batches",
+    "transformers.modeling_utils.safe_save_file",
 )
 
 
@@ -44,6 +47,8 @@ def _present(name: str) -> bool:
     owner, _, attribute = name.rpartition(".")
     if owner == "transformers.trainer":
         return hasattr(hf_trainer, attribute)
+    if owner == "transformers.modeling_utils":
+        return hasattr(hf_modeling, attribute)
     if owner == "Trainer":
         return hasattr(Trainer, attribute)
     method = getattr(Trainer, owner.removeprefix("Trainer."), None)  # an attribute the method's code sets
@@ -86,6 +91,12 @@ def batch_skipping_off():
     """The Trainer's batch skipping on resume (`skip_first_batches`) becomes a no-op: the data already starts at the
     saved position."""
     return patched(hf_trainer, "skip_first_batches", lambda dataloader, num_batches=0: dataloader)
+
+
+def weight_files_patched(save_file):
+    """`save_pretrained` writes each weight file with the safetensors `save_file` that transformers.modeling_utils
+    imported as `safe_save_file`: `save_file` writes them inside the block (an asynchronous save defers them)."""
+    return patched(hf_modeling, "safe_save_file", save_file)
 
 
 def save_weights(trainer: Trainer, output_dir: str, state_dict) -> None:
@@ -134,4 +145,5 @@ class TrainerPrivateOverrides(Trainer):
         if not self.extras:
             return super()._save_checkpoint(model, trial)
         save = functools.partial(super()._save_checkpoint, model, trial)
-        self.checkpointing.save(save, super()._get_output_dir(trial), self.checkpointing.run_state())
+        with self.recovery.phase("checkpoint"):  # recovery/room.py: the watchdog's floor, goodput's stall
+            self.checkpointing.save(save, super()._get_output_dir(trial), self.checkpointing.run_state())

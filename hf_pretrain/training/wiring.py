@@ -22,6 +22,7 @@ from ..precision import apply_precision
 from ..precision.recipes import RECIPES
 from ..preflight.attention import AttentionReport, attention_preflight, enforce_attention_policy
 from ..preflight.compile import CompileCallback
+from ..telemetry.goodput import GoodputCallback
 from ..telemetry.hardware import HardwareSensorsCallback
 from ..telemetry.jsonl import JsonlCallback
 from ..telemetry.mixture import MixtureCallback
@@ -30,6 +31,7 @@ from ..telemetry.straggler import StragglerCallback
 from ..telemetry.throughput import ThroughputCallback, sequence_length
 from ..telemetry.underclock import UnderclockCallback
 from .compile import compile_blocks, compile_kwargs, prepare_compile
+from .recovery.room import RecoveryCallback
 
 logger = logging.get_logger(__name__)
 
@@ -58,18 +60,21 @@ def precision_from_arguments(trainer):
 
 
 # The callbacks a train() call may attach, in order: each builds itself from the arguments (or declines); the
-# under-clock, straggler and JSONL callbacks follow the sensors' `telemetry` switch and share their reading.
+# under-clock, straggler, goodput and JSONL callbacks follow the sensors' `telemetry` switch and share their reading;
+# the recovery callback beats the hang watchdog.
 RUN_CALLBACKS: tuple[type[PretrainCallback], ...] = (
     ThroughputCallback,
     MoECallback,
     HardwareSensorsCallback,
     UnderclockCallback,
     StragglerCallback,
+    GoodputCallback,
     MixtureCallback,
     JsonlCallback,
     GenerationProbeCallback,
     DownstreamEvalCallback,
     DownstreamCostCallback,
+    RecoveryCallback,
 )
 
 

@@ -1,32 +1,41 @@
 """Launched by test_multiprocess_resume.py under `accelerate launch`: a run whose epoch does not divide evenly.
 
-Usage: python tests/distributed/resume_run.py OUTPUT_DIR PER_DEVICE_BATCH [kill:STEP | resume]
+Usage: python tests/distributed/resume_run.py OUTPUT_DIR PER_DEVICE_BATCH
+       [straight | kill:STEP | resume | restart-kill-in-write:STEP | restart-stop:STEP] [DEEPSPEED_JSON]
 44 rows at a global micro-batch of 12: every epoch ends with a short batch that accelerate (even_batches)
 completes with the epoch's first samples. Checkpoints every 3 steps, 15 steps, one dataloader worker,
 spawned once per run (forked by a rank it can hang: hf_pretrain/training/processes.py).
 `kill:STEP` SIGKILLs rank 1 at the end of STEP (a lost node); `resume` continues from the newest
-checkpoint. Writes OUTPUT_DIR/losses-<run>-rank<r>.json with the loss of every step.
+checkpoint. The `restart-` modes are launched with restarts allowed and resume with "auto"; their fault
+happens in the first attempt only: `restart-kill-in-write:STEP` holds rank 1's background write of
+checkpoint-STEP open and SIGKILLs rank 1 at the end of the next step (the write still open);
+`restart-stop:STEP` SIGSTOPs rank 1 at the end of STEP (a hung rank: the watchdog must catch it).
+Writes OUTPUT_DIR/losses-<run>-rank<r>.json with the loss of every step (run: straight, killed, resumed,
+restarted<attempt>) and OUTPUT_DIR/fault.json with the rank, step and kind of the fault.
 """
 
 import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from hf_pretrain import PretrainForCausalLM, PretrainTrainer, get_preset
+from hf_pretrain import PretrainForCausalLM, get_preset
+from hf_pretrain.training.recovery.attempts import restart_count
 from tests.conftest import quick_args
+from tests.training.faults import WriteFault, WriteFaultTrainer
 
 ROWS, SEQ, STEPS = 44, 32, 15
 
 
 class Record(TrainerCallback):
-    def __init__(self, path: Path, kill_at: int | None):
-        self.path, self.kill_at, self.losses = path, kill_at, {}
+    def __init__(self, path: Path, fault: tuple[str, int] | None = None, marker: Path | None = None):
+        self.path, self.fault, self.marker, self.losses = path, fault, marker, {}
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
@@ -34,11 +43,24 @@ class Record(TrainerCallback):
             self.path.write_text(json.dumps(self.losses))
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.kill_at and args.process_index == 1:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.fault is None or args.process_index != 1 or state.global_step != self.fault[1]:
+            return
+        kind = self.fault[0]
+        if kind == "kill-in-write":  # the write held open since the save before this step
+            deadline = time.monotonic() + 120
+            while not self.marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        fault = {
+            "rank": 1,
+            "step": state.global_step,
+            "kind": kind,
+            "write_open": bool(self.marker and self.marker.exists()),
+        }
+        (self.path.parent / "fault.json").write_text(json.dumps(fault))
+        os.kill(os.getpid(), signal.SIGSTOP if kind == "stop" else signal.SIGKILL)
 
 
-def main(output_dir: str, per_device: int, mode: str = "") -> None:
+def main(output_dir: str, per_device: int, mode: str = "", deepspeed: str | None = None) -> None:
     torch.manual_seed(0)
     data = torch.randint(3, 500, (ROWS, SEQ), generator=torch.Generator().manual_seed(1))
     args = quick_args(
@@ -54,15 +76,30 @@ def main(output_dir: str, per_device: int, mode: str = "") -> None:
         dataloader_num_workers=1,
         dataloader_multiprocessing_context="spawn",
         dataloader_persistent_workers=True,
+        deepspeed=deepspeed,
     )
     model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=2))
-    run = "resumed" if mode == "resume" else "killed" if mode.startswith("kill") else "straight"
-    kill_at = int(mode.split(":")[1]) if mode.startswith("kill") else None
-    record = Record(Path(output_dir) / f"losses-{run}-rank{args.process_index}.json", kill_at)
+    kind, _, step = mode.partition(":")
+    restarted = kind.startswith("restart-")
+    run = "resumed" if mode == "resume" else "killed" if kind == "kill" else "straight"  # "" or "straight"
+    run = f"restarted{restart_count()}" if restarted else run
+    fault, write_fault, marker = None, None, Path(output_dir) / "write-open"
+    if kind == "kill":
+        fault = ("kill", int(step))
+    elif restarted and restart_count() == 0:  # the first attempt only
+        kind = kind.removeprefix("restart-")
+        fault = (kind, int(step) + (kind == "kill-in-write"))
+        if kind == "kill-in-write":
+            write_fault = (int(step), 1, WriteFault("block", marker=str(marker)))
+    if restarted:  # a hang is noticed within seconds here (the defaults: minutes)
+        args.hang_timeout_min_s, args.hang_timeout_floor_s = 10.0, 120.0
+    record = Record(Path(output_dir) / f"losses-{run}-rank{args.process_index}.json", fault, marker)
     dataset = Dataset.from_dict({"input_ids": data.tolist(), "labels": data.tolist()})
-    trainer = PretrainTrainer(model=model, args=args, train_dataset=dataset, callbacks=[record])
-    trainer.train(resume_from_checkpoint=True if mode == "resume" else None)
+    trainer = WriteFaultTrainer(
+        model=model, args=args, train_dataset=dataset, callbacks=[record], write_fault=write_fault
+    )
+    trainer.train(resume_from_checkpoint="auto" if restarted else True if mode == "resume" else None)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "")
+    main(sys.argv[1], int(sys.argv[2]), *sys.argv[3:])

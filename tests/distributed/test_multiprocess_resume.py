@@ -1,5 +1,7 @@
 """Exact resume of a real 2-rank gloo run whose epoch does not divide into global batches, after a rank
-is killed (SIGKILL), with a dataloader worker; and a resume on another number of processes."""
+is killed (SIGKILL), with a dataloader worker; and a resume on another number of processes. Unattended recovery:
+the launcher restarts the run (`--max_restarts 1`) after a rank is killed during a checkpoint's background write,
+or after the hang watchdog caught a stopped rank (SIGSTOP), and the run resumes by itself (`"auto"`)."""
 
 import json
 import shutil
@@ -8,6 +10,8 @@ import sys
 
 import pytest
 
+from hf_pretrain.training.recovery.attempts import RESTARTABLE, read_attempts
+from hf_pretrain.training.recovery.watchdog import HANG_EXIT_CODE
 from tests.distributed.test_distributed import CONFIGS, ENV, ROOT, free_port
 
 SCRIPT = ROOT / "tests" / "distributed" / "resume_run.py"
@@ -15,11 +19,16 @@ SCRIPT = ROOT / "tests" / "distributed" / "resume_run.py"
 pytestmark = pytest.mark.distributed
 
 
-def launch(out, per_device, *extra, processes=2, config=CONFIGS / "cpu_2proc.yaml"):
+def launch(out, per_device, *extra, processes=2, config=CONFIGS / "cpu_2proc.yaml", restarts=0):
+    env = ENV
+    out.mkdir(parents=True, exist_ok=True)
     if processes == 2:
         config = ["--config_file", str(config), "--main_process_port", str(free_port())]
     else:
         config = ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    if restarts:  # restarts need a fresh rendezvous store per attempt (docs/known-failure-modes.md)
+        config += ["--max_restarts", str(restarts), "--monitor_interval", "0.5", "--rdzv_backend", "c10d"]
+        env = {**ENV, **RESTARTABLE, "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}
     command = [
         sys.executable,
         "-m",
@@ -30,7 +39,7 @@ def launch(out, per_device, *extra, processes=2, config=CONFIGS / "cpu_2proc.yam
         str(per_device),
         *extra,
     ]
-    return subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1200)
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
 
 
 def losses(out, run):
@@ -71,3 +80,55 @@ def test_resume_on_one_process_with_the_same_global_batch(tmp_path, straight):
     # Not bit for bit: one mean over 12 rows against the mean of two ranks' means over 6.
     print({step: after[step] - reference[step] for step in after})
     assert all(abs(after[step] - reference[step]) <= 1e-5 for step in after), (after, reference)
+
+
+def assert_recovered(result, out, reference, resumed_from):
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    first, second = read_attempts(out)
+    assert first.ended not in (None, "finished") and (second.restart, second.resumed_step) == (1, resumed_from)
+    assert second.ended == "finished"
+    after = losses(out, "restarted1")
+    assert sorted(after) == list(range(resumed_from + 1, 16))
+    assert after == {step: reference[step] for step in after}  # every loss of the uninterrupted run, bit for bit
+    return first
+
+
+def test_a_rank_killed_during_a_background_write_restarts_unattended_from_the_checkpoint_before(tmp_path, straight):
+    result = launch(tmp_path, 6, "restart-kill-in-write:6", restarts=1)
+    fault = json.loads((tmp_path / "fault.json").read_text())
+    assert fault == {"rank": 1, "step": 7, "kind": "kill-in-write", "write_open": True}  # trained on while it wrote
+    assert "Removed what an interrupted save left in" in result.stdout and "['checkpoint-6']" in result.stdout
+    assert_recovered(result, tmp_path, losses(straight, "straight"), resumed_from=3)
+
+
+def test_a_stopped_rank_is_caught_by_the_watchdog_and_the_run_recovers(tmp_path, straight):
+    result = launch(tmp_path, 6, "restart-stop:8", restarts=1)
+    assert json.loads((tmp_path / "fault.json").read_text())["kind"] == "stop"
+    first = assert_recovered(result, tmp_path, losses(straight, "straight"), resumed_from=6)
+    assert first.ended.startswith("hang: no optimizer step for") and first.failed_rank == 0
+    assert "rank 1 (" in first.ended and "stopped reporting" in first.ended  # the watchdog names the silent rank
+    assert f"exitcode  : {HANG_EXIT_CODE}" in result.stderr + result.stdout  # the launcher saw the watchdog's exit
+    stacks = (tmp_path / "recovery" / "stacks-rank0-step8.txt").read_text()
+    assert "distributed_c10d.py" in stacks and "in train" in stacks  # rank 0 waited in a collective of train()
+
+
+SHARDED = {
+    "fsdp2": ({"config": CONFIGS / "cpu_2proc_fsdp2.yaml"}, ()),
+    "zero3": ({}, (str(ROOT / "ds_configs" / "zero3.json"),)),
+}
+
+
+@pytest.mark.exhaustive  # make test: the DDP launches above
+@pytest.mark.parametrize("backend", sorted(SHARDED))
+def test_sharded_state_recovers_unattended_from_a_kill_during_a_write_and_from_a_hang(tmp_path, backend):
+    options, deepspeed = SHARDED[backend]
+    straight = launch(tmp_path / "straight", 6, "straight", *deepspeed, **options)
+    assert straight.returncode == 0, straight.stdout[-3000:] + straight.stderr[-3000:]
+    reference = losses(tmp_path / "straight", "straight")
+    killed = tmp_path / "killed"
+    result = launch(killed, 6, "restart-kill-in-write:6", *deepspeed, restarts=1, **options)
+    assert json.loads((killed / "fault.json").read_text())["write_open"]
+    assert_recovered(result, killed, reference, resumed_from=3)
+    stopped = tmp_path / "stopped"
+    result = launch(stopped, 6, "restart-stop:8", *deepspeed, restarts=1, **options)
+    assert assert_recovered(result, stopped, reference, resumed_from=6).ended.startswith("hang:")

@@ -1,7 +1,13 @@
-"""Faults injected by tests into real runs (never by the library): a NaN or spiking loss, a save held open. The slow
-rank, which benchmarks/gpu_check.py injects too, is `slow_linears` in benchmarks/gpu/faults.py."""
+"""Faults injected by tests into real runs (never by the library): a NaN or spiking loss, a save held open, a
+checkpoint's background write that fails or blocks. The slow rank, which benchmarks/gpu_check.py injects too, is
+`slow_linears` in benchmarks/gpu/faults.py."""
 
+import errno
+import os
 import time
+from pathlib import Path
+
+import torch
 
 from hf_pretrain import PretrainTrainer
 
@@ -45,3 +51,44 @@ class SlowSaveTrainer(PretrainTrainer):
         if self.slow_save and self.slow_save[0] == self.state.global_step:
             time.sleep(self.slow_save[1])
         return super()._save_optimizer_and_scheduler(output_dir)
+
+
+class WriteFault:
+    """An object a checkpoint saves with `torch.save`: its bytes are produced when it is pickled, i.e. by the write
+    itself (in the background with async_checkpoint). `fail`: the write raises an I/O error; `block`: it writes
+    `marker` and waits until `release` exists (at most `deadline_s`); `slow`: it takes `seconds`."""
+
+    def __init__(self, kind: str, marker: str | None = None, release: str | None = None, seconds: float = 0.0):
+        self.kind, self.marker, self.release, self.seconds = kind, marker, release, seconds
+
+    def __deepcopy__(self, memo):  # staged as it is: nothing to copy
+        return self
+
+    def __reduce__(self):
+        if self.kind == "fail":
+            raise OSError(errno.EIO, "injected write error")
+        if self.marker:
+            Path(self.marker).write_text(str(os.getpid()))
+        if self.kind == "block":
+            deadline = time.monotonic() + 300
+            while not (self.release and Path(self.release).exists()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        elif self.kind == "slow":
+            time.sleep(self.seconds)  # a slow disk
+        return (str, ("",))
+
+
+class WriteFaultTrainer(PretrainTrainer):
+    """Adds `fault` (a WriteFault) to the checkpoint of step `at`, written by process `rank` as `write-fault.pt`."""
+
+    def __init__(self, *args, write_fault: tuple[int, int, WriteFault] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.write_fault = write_fault
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.write_fault is not None:
+            at, rank, fault = self.write_fault
+            if self.state.global_step == at and self.args.process_index == rank:
+                torch.save(fault, os.path.join(output_dir, "write-fault.pt"))
+

@@ -44,6 +44,7 @@ def main(output_dir: str, max_steps: int, extras: bool, resume: bool = False) ->
     )
     losses = StepLosses()
     step, _, seconds = os.environ.get("SLOW_SAVE", "").partition(":")  # set by the test that kills a save
+    args.async_checkpoint = not step  # the killed save is a synchronous one (test_async_checkpoint: the others)
     model, data = PretrainForCausalLM(small_config()), dataset()
     if step:
         trainer = SlowSaveTrainer(model=model, args=args, train_dataset=data, slow_save=(int(step), float(seconds)))

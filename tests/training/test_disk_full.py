@@ -115,7 +115,8 @@ def test_a_failed_save_of_another_kind_raises_it_and_removes_the_half_save(tmp_p
         (staged / "model.safetensors").write_bytes(b"0" * 1024)
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    checkpointing = Checkpointing(SimpleNamespace(state=SimpleNamespace(global_step=10)))
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=10), args=SimpleNamespace(async_checkpoint=False))
+    checkpointing = Checkpointing(trainer)
     with pytest.raises(PermissionError, match="Permission denied"):
         checkpointing.save(save_checkpoint, str(tmp_path), {})
     assert not staged.exists() and not (tmp_path / "checkpoint-10").exists()

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import transformers
+import transformers.modeling_utils as hf_modeling
 import transformers.trainer as hf_trainer
 from transformers import Trainer
 
@@ -29,6 +30,7 @@ def test_the_installed_transformers_has_every_private_name():
     [
         (Trainer, "_run_epoch", "Trainer._run_epoch"),
         (hf_trainer, "skip_first_batches", "transformers.trainer.skip_first_batches"),
+        (hf_modeling, "safe_save_file", "transformers.modeling_utils.safe_save_file"),
     ],
 )
 def test_a_missing_private_name_fails_in_one_line(monkeypatch, owner, name, listed):

@@ -2,19 +2,25 @@
 
 - `resolve(resume_from_checkpoint)`: the checkpoint to resume, checked first
   (`check.py`): an explicit path must be whole; `True` takes the newest whole one and
-  says which it skipped and why.
+  says which it skipped and why; `"auto"` does the same, or starts from step 0 when there is
+  none yet (what a launcher's restart needs: the same command resumes or starts).
 - `save(...)`: the Trainer's own save, staged under `OUTPUT_DIR/.saving/` and renamed into place
   once every rank wrote its files (`store.py`), with `hf_pretrain_state.json` beside it; old
-  checkpoints are rotated only after the rename; a full disk is named as such.
+  checkpoints are rotated only after the rename; a full disk is named as such. With
+  `async_checkpoint` the large files are written in the background (`background.py`): `wait()`,
+  `raise_if_failed()` (each step) and `finish()` (the end of `train()`) keep its guarantees.
 - `clear_interrupted()`: what a killed save left in `.saving/` goes at the next start.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import shutil
 from pathlib import Path
 
+import psutil
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import rotate_checkpoints
 from transformers.utils import logging
@@ -22,6 +28,7 @@ from transformers.utils import logging
 from ..loss_guard import LossSpikeError
 from ..processes import wait_for_everyone
 from ..transformers_private import rotation_deferred
+from .background import ASYNC_CHECKPOINT_DEFAULT, HOST_MEMORY_SHARE, BackgroundSaves, CheckpointWriteError, staged_bytes
 from .check import CheckpointError, check_checkpoint, checkpoints_newest_first, explain
 from .store import (
     checkpoint_name,
@@ -33,12 +40,15 @@ from .store import (
 )
 
 logger = logging.get_logger(__name__)
+AUTO = "auto"  # resume_from_checkpoint: the newest whole checkpoint if any, else start
 
 
 class Checkpointing:
     def __init__(self, trainer):
         self.trainer = trainer
         self.staging: str | None = None  # where the Trainer's save writes while a save is staged
+        self.background: BackgroundSaves | None = None  # async_checkpoint, once the first save found it usable
+        self._sync_reason: str | None = None  # why saves are synchronous although async_checkpoint asks otherwise
 
     def clear_interrupted(self) -> None:
         args = self.trainer.args
@@ -59,7 +69,8 @@ class Checkpointing:
             save_only_model=trainer.args.save_only_model,
         )
         candidates = checkpoints_newest_first(trainer.args.output_dir)
-        if resume_from_checkpoint is not True:
+        auto = isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() == AUTO
+        if resume_from_checkpoint is not True and not auto:
             check = check_checkpoint(resume_from_checkpoint, **settings)
             if not check.ok:
                 others = (p for p in candidates if p != Path(check.path) and check_checkpoint(p, **settings).ok)
@@ -76,9 +87,10 @@ class Checkpointing:
         for candidate in candidates:
             check = check_checkpoint(candidate, **settings)
             if check.ok:
-                if skipped and trainer.is_world_process_zero():
+                if (skipped or auto) and trainer.is_world_process_zero():
                     logger.warning(
-                        f"Resuming from {check.path}, the newest whole checkpoint; skipped: " + " | ".join(skipped)
+                        f"Resuming from {check.path}, the newest whole checkpoint"
+                        + ("; skipped: " + " | ".join(skipped) if skipped else "")
                     )
                 self._warn(check)
                 if not skipped:
@@ -86,6 +98,10 @@ class Checkpointing:
                 return check.path
             skipped.append(f"{candidate.name}: {explain(check)}")
         found = f" ({' | '.join(skipped)})" if skipped else ""
+        if auto:
+            if trainer.is_world_process_zero():
+                logger.warning(f"No whole checkpoint in {trainer.args.output_dir} yet{found}: starting at step 0.")
+            return None
         raise CheckpointError(
             f"No valid checkpoint found in output directory ({trainer.args.output_dir}): no whole checkpoint-N{found}. "
             "Fix: pass the output_dir of the run to resume, or train without resume_from_checkpoint."
@@ -115,14 +131,19 @@ class Checkpointing:
         state = trainer.data_position.state_now(trainer.state.global_step)
         if trainer.loss_guard is not None:
             state["loss_guard"] = trainer.loss_guard.state()
+        state.update(trainer.recovery.run_state())
         return state
 
     def save(self, save_checkpoint, run_dir: str, run_state: dict) -> None:
         """`save_checkpoint()` (the Trainer's) staged, then renamed into `run_dir/checkpoint-N`."""
         name = checkpoint_name(self.trainer.state.global_step)
         staged, final = os.path.join(staging_root(run_dir), name), os.path.join(run_dir, name)
+        background = self._background()
+        if background is not None:
+            background.wait(next_save=name)  # one save in flight at most
+            background.raise_if_failed()
         try:
-            self._save_staged(save_checkpoint, run_dir, staged, final, run_state)
+            self._save_staged(save_checkpoint, run_dir, staged, final, run_state, background)
         except (OSError, RuntimeError) as error:  # a full disk: say so (space measured first); free the half save
             full = disk_full_error(error, run_dir, name)
             shutil.rmtree(staged, ignore_errors=True)
@@ -130,11 +151,14 @@ class Checkpointing:
                 raise
             raise full from error
 
-    def _save_staged(self, save_checkpoint, run_dir: str, staged: str, final: str, run_state: dict) -> None:
+    def _save_staged(self, save_checkpoint, run_dir: str, staged: str, final: str, run_state: dict, background) -> None:
         trainer = self.trainer
         self.staging = staging_root(run_dir)
         try:
-            with rotation_deferred():
+            with (
+                rotation_deferred(),
+                background.deferred_writes() if background else contextlib.nullcontext() as writes,
+            ):
                 save_checkpoint()
         finally:
             self.staging = None
@@ -145,7 +169,17 @@ class Checkpointing:
                 trainer.state.save_to_json(os.path.join(staged, TRAINER_STATE_NAME))
         if trainer.args.should_save:
             write_run_state(staged, run_state)
+        if background is not None:  # the files are written, gathered and renamed by the background writer
+            name = os.path.basename(final)
+            failed = functools.partial(self._write_failed, name, staged, run_dir)
+            background.submit(name, writes, functools.partial(self._promote, staged, final, run_dir), failed)
+            return
         wait_for_everyone(trainer.accelerator)  # every rank's files are in place
+        self._promote(staged, final, run_dir)
+        wait_for_everyone(trainer.accelerator)
+
+    def _promote(self, staged: str, final: str, run_dir: str) -> None:
+        trainer = self.trainer
         if trainer.args.should_save:
             promote(staged, final)
             rotate_checkpoints(
@@ -154,4 +188,72 @@ class Checkpointing:
                 best_model_checkpoint=trainer.state.best_model_checkpoint,
                 use_mtime=True,
             )
-        wait_for_everyone(trainer.accelerator)
+
+    # Asynchronous saves (background.py)
+    def _background(self) -> BackgroundSaves | None:
+        """The background writer when saves are asynchronous; decided at the first save, the same on every rank."""
+        if self.background is not None or self._sync_reason is not None:
+            return self.background
+        trainer, args = self.trainer, self.trainer.args
+        if not getattr(args, "async_checkpoint", ASYNC_CHECKPOINT_DEFAULT):
+            self._sync_reason = "async_checkpoint=False"
+            return None
+        reason = self._why_synchronous()
+        background = BackgroundSaves(args.process_index, args.world_size, args.ddp_timeout)
+        if background.agree(reason is None):
+            self.background = background
+            return background
+        self._sync_reason = reason or "another rank's host memory cannot hold its copy of the state"
+        if trainer.is_world_process_zero() or reason:
+            logger.warning(f"Checkpoints are saved synchronously (async_checkpoint is on): {self._sync_reason}.")
+        return None
+
+    def _why_synchronous(self) -> str | None:
+        trainer, args = self.trainer, self.trainer.args
+        if args.push_to_hub:
+            return "push_to_hub uploads a checkpoint's files as it is saved"
+        if args.load_best_model_at_end:
+            return "load_best_model_at_end reads the best checkpoint as soon as it is saved"
+        staged = staged_bytes(
+            trainer.model,
+            trainer.optimizer,
+            args.should_save or trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled,
+        )
+        share = HOST_MEMORY_SHARE * psutil.virtual_memory().available / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if staged > share:
+            return (
+                f"rank {args.process_index} would copy {staged / 2**30:.1f} GiB of state into host memory, more than "
+                f"{HOST_MEMORY_SHARE:.0%} of its share of the memory available ({share / HOST_MEMORY_SHARE / 2**30:.1f} GiB)"
+            )
+        return None
+
+    def raise_if_failed(self) -> None:
+        """A background write that failed is raised here, by the next training step."""
+        if self.background is not None and self.background.error is not None:
+            self.background.raise_if_failed()
+
+    def finish(self) -> None:
+        """The save in flight completes (or raises) before `train()` returns; the host copy is freed."""
+        if self.background is not None:
+            self.background.close()
+            self.background.raise_if_failed()
+            self.background = None
+
+    def _write_failed(self, name: str, staged: str, run_dir: str, error: BaseException | None, failed: list[int]):
+        """The error the next step raises for a failed background write; the half-written folder goes."""
+        if self.trainer.args.should_save:
+            shutil.rmtree(staged, ignore_errors=True)
+        if error is not None and (full := disk_full_error(error, run_dir, name)) is not None:
+            full.__cause__ = error
+            return full
+        if error is None:
+            return CheckpointWriteError(
+                f"{name}: the background write failed on rank(s) {failed} (their logs say why); the checkpoints "
+                f"already in {run_dir} are intact."
+            )
+        wrapped = CheckpointWriteError(
+            f"{name}: the background write failed on rank {self.trainer.args.process_index} ({type(error).__name__}: "
+            f"{str(error).splitlines()[0][:300] if str(error) else ''}); the checkpoints already in {run_dir} are intact."
+        )
+        wrapped.__cause__ = error
+        return wrapped

@@ -1,0 +1,186 @@
+"""The trainer's room for runs nobody watches: the attempts, the restart-loop guard, the hang watchdog and the
+phases (saves, evaluations) that goodput and the watchdog time.
+
+- `start(checkpoint, saved, callbacks)` at each `train()`: rank 0 closes the previous attempt's record (how it
+  ended, the step it reached: `attempts.py`) and opens this one; every rank then refuses a restart loop
+  (`RestartLoopError`), hands goodput how the attempt began, and starts the watchdog (`watchdog.py`).
+- `phase(kind)`: a save (`checkpoint`) or an evaluation (`eval`): the watchdog's floor applies, goodput counts it.
+- `finish(error)`: how the attempt ended, written down (rank 0 for a finished run; any rank for its own failure, in
+  a note of its own, merged by rank 0 at the next start); the watchdog stops.
+`RecoveryCallback` beats the watchdog at each optimizer step and owns the arguments' defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import time
+from pathlib import Path
+
+from ...callback import PretrainCallback
+from ...telemetry.goodput import GoodputCallback
+from ..processes import wait_for_everyone
+from .attempts import (
+    REFUSED,
+    Attempt,
+    RestartLoopError,
+    begin_attempt,
+    close_previous,
+    no_progress,
+    read_attempts,
+    recovery_folder,
+    restart_count,
+    restarts_allowed,
+    write_attempts,
+)
+from .watchdog import HangWatchdog, WatchdogSettings, read_heartbeats
+
+
+class RecoveryCallback(PretrainCallback):
+    """Logs nothing: tells the hang watchdog each optimizer step."""
+
+    arguments = {
+        "hang_watchdog": None,  # None: on with several processes or when the launcher restarts failed ones
+        "hang_timeout_factor": WatchdogSettings.factor,
+        "hang_timeout_min_s": WatchdogSettings.min_s,
+        "hang_timeout_floor_s": WatchdogSettings.floor_s,
+        "restart_same_failure_limit": 3,
+    }
+
+    @classmethod
+    def from_arguments(cls, trainer, built=()) -> RecoveryCallback | None:
+        return cls(trainer.recovery) if trainer.recovery.watchdog_wanted() else None
+
+    def __init__(self, recovery: Recovery):
+        self.recovery = recovery
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.recovery.watchdog is not None:
+            self.recovery.watchdog.beat(state.global_step)
+
+
+def checkpoint_step(checkpoint: str | None) -> int:
+    match = re.search(r"(\d+)$", Path(checkpoint).name) if checkpoint else None
+    return int(match.group(1)) if match else 0
+
+
+class Recovery:
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.settings = RecoveryCallback.settings(trainer.args)
+        self.watchdog: HangWatchdog | None = None
+        self.goodput: GoodputCallback | None = None
+        self.attempt: Attempt | None = None
+
+    @property
+    def folder(self) -> Path:
+        return recovery_folder(self.trainer.args.output_dir)
+
+    def watchdog_wanted(self) -> bool:
+        wanted = self.settings["hang_watchdog"]
+        return bool(wanted) if wanted is not None else self.trainer.args.world_size > 1 or restarts_allowed() > 0
+
+    def start(self, checkpoint: str | None, saved: dict, callbacks: list) -> None:
+        trainer = self.trainer
+        main = trainer.is_world_process_zero()
+        if main:
+            attempts = read_attempts(trainer.args.output_dir)
+            self._close_previous(attempts)
+            begin_attempt(attempts, checkpoint_step(checkpoint))
+            write_attempts(trainer.args.output_dir, attempts)
+        wait_for_everyone(trainer.accelerator)
+        attempts = read_attempts(trainer.args.output_dir)
+        self.attempt = attempts[-1] if attempts else None
+        previous = attempts[-2] if len(attempts) > 1 else None
+        limit = self.settings["restart_same_failure_limit"]
+        reason = no_progress(attempts[:-1], limit) if restart_count() > 0 else None  # a new launch: no loop yet
+        if reason is not None:
+            if main:
+                self._record_end(REFUSED, trainer.state.global_step)
+            raise RestartLoopError(
+                f"Not training again: {reason} (restart {restart_count()} of this launch). A restart would fail the "
+                f"same way: the attempts are in {self.folder / 'attempts.json'}, the stacks of hangs beside it. Fix "
+                "the cause and launch again (a new launch starts counting anew), or raise restart_same_failure_limit."
+            )
+        self.goodput = next((c for c in callbacks if isinstance(c, GoodputCallback)), None)
+        if self.goodput is not None:
+            failed = previous is not None and previous.ended not in ("finished", None) or restart_count() > 0
+            self.goodput.resume(saved.get("goodput") if checkpoint else None, failed, previous and previous.end_time)
+        if self.watchdog_wanted():
+            self.watchdog = HangWatchdog(
+                self.folder,
+                trainer.args.process_index,
+                trainer.args.world_size,
+                WatchdogSettings(
+                    self.settings["hang_timeout_factor"],
+                    self.settings["hang_timeout_min_s"],
+                    self.settings["hang_timeout_floor_s"],
+                ),
+                attempt=len(attempts) - 1,
+                on_hang=lambda reason: self._note_failure(reason, self.watchdog.step),
+            )
+            self.watchdog.start(checkpoint_step(checkpoint))
+
+    @contextlib.contextmanager
+    def phase(self, kind: str):
+        """A save (`checkpoint`) or an evaluation (`eval`) inside `train()`."""
+        start = time.monotonic()
+        watched = self.watchdog.long_phase(kind) if self.watchdog is not None else contextlib.nullcontext()
+        try:
+            with watched:
+                yield
+        finally:
+            if self.goodput is not None:
+                self.goodput.add(kind, time.monotonic() - start)
+
+    def run_state(self) -> dict:
+        """What a checkpoint keeps of this room: goodput's counters."""
+        return {"goodput": self.goodput.state()} if self.goodput is not None else {}
+
+    def finish(self, error: BaseException | None) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+            self.watchdog = None
+        step = self.trainer.state.global_step
+        if error is None:
+            if self.trainer.is_world_process_zero():
+                self._record_end("finished", step)
+        elif not isinstance(error, RestartLoopError):
+            first = str(error).splitlines()[0][:300] if str(error) else ""
+            self._note_failure(f"exception: {type(error).__name__}: {first}", step)
+        self.goodput = None
+
+    # The record
+    def _note_failure(self, reason: str, step: int) -> None:
+        """This rank's own account of the failure (any rank may fail; rank 0 merges at the next start)."""
+        rank = self.trainer.args.process_index
+        with contextlib.suppress(OSError):
+            self.folder.mkdir(parents=True, exist_ok=True)
+            note = {"rank": rank, "reason": reason, "step": step, "time": time.time()}
+            (self.folder / f"failed-rank{rank}.json").write_text(json.dumps(note), encoding="utf-8")
+
+    def _record_end(self, ended: str, step: int) -> None:
+        attempts = read_attempts(self.trainer.args.output_dir)
+        if attempts:
+            attempts[-1].ended, attempts[-1].last_step, attempts[-1].end_time = ended, step, time.time()
+            write_attempts(self.trainer.args.output_dir, attempts)
+
+    def _close_previous(self, attempts: list[Attempt]) -> None:
+        """The previous attempt's end, from the ranks' failure notes and heartbeats (rank 0, before this one)."""
+        notes = []
+        for path in self.folder.glob("failed-rank*.json"):
+            with contextlib.suppress(OSError, ValueError):
+                notes.append(json.loads(path.read_text(encoding="utf-8")))
+            path.unlink(missing_ok=True)
+        previous = len(attempts) - 1  # the watchdog's attempt number of the previous attempt
+        beats = [b for b in read_heartbeats(self.folder).values() if b.get("attempt") == previous]
+        last_step = max((b["step"] for b in beats), default=None)
+        last_seen = max((b["alive"] for b in beats), default=None)
+        if attempts and attempts[-1].ended is None and notes:
+            first = min(notes, key=lambda n: n["time"])
+            attempts[-1].ended = first["reason"]
+            attempts[-1].failed_rank = first["rank"]
+            attempts[-1].last_step = max(n["step"] for n in notes)
+            attempts[-1].end_time = first["time"]
+        close_previous(attempts, last_step, last_seen)

@@ -1,0 +1,211 @@
+"""Asynchronous checkpoints: the training loop waits only for the state to be copied into host memory.
+
+A save still runs the Trainer's own `_save_checkpoint` into the staging folder (`checkpointing.py`), but its large
+writes are deferred: every `torch.save` (optimizer, scheduler, RNG, DeepSpeed's shards), the safetensors weight
+files and DCP's `save` (FSDP2's sharded state) receive a copy of their objects in host memory, made by DCP's
+`DefaultStager` (the buffers kept and reused from one save to the next; pinned, and copied without blocking, where
+CUDA is present), and one background thread per rank writes them. When every rank's writes are done (the outcome
+gathered on a gloo group of the checkpointer's own, so no training collective ever shares a group with another
+thread), rank 0 flushes the folder and renames it into place, then rotates the old checkpoints (`store.py`).
+
+Kept from the synchronous save: a `checkpoint-N` appears only complete; rotation only after it did; the same
+bytes, so a resume is exact; at most one save in flight (the next waits for it, and says so); a failed write is
+raised by the training step after it (`raise_if_failed`), on every rank; `finish()` makes the last save complete
+before `train()` returns. DCP's `async_save` is not called as such: it starts an executor per call, and FSDP2's
+model and optimizer are two calls whose collectives must not run from two threads at once; its stager and `save`
+run here, in order, on one thread. DeepSpeed's own asynchronous writer (`checkpoint.writer.decoupled`) commits a
+checkpoint only at the next save, from the training loop, and its fast writer needs the `async_io` op: its
+`torch.save` calls are deferred here like the Trainer's.
+Written by hand: neither transformers nor accelerate writes a checkpoint in the background.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import safetensors.torch
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from transformers.utils import logging
+
+from ..transformers_private import patched, weight_files_patched
+
+logger = logging.get_logger(__name__)
+
+ASYNC_CHECKPOINT_DEFAULT = True
+HOST_MEMORY_SHARE = 0.5  # stage only when the copy takes at most this share of the host memory available
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint's background write failed; the checkpoints already in place are intact."""
+
+
+@dataclass
+class Write:
+    path: str
+    run: Callable[[], object]
+
+
+class Job:
+    def __init__(self, name: str, target: Callable[[], None]):
+        self.name, self.started = name, time.monotonic()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(target,), name=f"hf_pretrain-save-{name}", daemon=True)
+        self.thread.start()  # a daemon: a run that dies does not wait for it at exit (the staged folder is cleared)
+
+    def _run(self, target) -> None:
+        try:
+            target()
+        finally:
+            self.done.set()
+
+
+class BackgroundSaves:
+    """One rank's background writer: stage (training thread), write and promote (one save at a time)."""
+
+    def __init__(self, rank: int, world_size: int, timeout_s: float):
+        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        self.job: Job | None = None
+        self.error: BaseException | None = None
+        self._stager: DefaultStager | None = None
+        self._group = None
+
+    @property
+    def in_flight(self) -> str | None:
+        return self.job.name if self.job is not None and not self.job.done.is_set() else None
+
+    def stage(self, obj):
+        if self._stager is None:
+            cuda = torch.cuda.is_available()
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=cuda
+                )
+            )
+        return self._stager.stage(obj)
+
+    @contextlib.contextmanager
+    def deferred_writes(self):
+        """Inside: the writers of a checkpoint's large files stage their objects and return; the writes are listed."""
+        writes: list[Write] = []
+        torch_save, save_file, dcp_save = torch.save, safetensors.torch.save_file, dcp.save
+
+        def deferred_torch_save(obj, f, *args, **kwargs):
+            if not isinstance(f, (str, os.PathLike)):  # a file object: written now, as asked
+                return torch_save(obj, f, *args, **kwargs)
+            staged = self.stage(obj)
+            writes.append(Write(str(f), lambda: torch_save(staged, f, *args, **kwargs)))
+
+        def deferred_save_file(tensors, filename, metadata=None):
+            staged = self.stage(tensors)
+            writes.append(Write(str(filename), lambda: save_file(staged, filename, metadata=metadata)))
+
+        def deferred_dcp_save(state_dict, *, process_group=None, **kwargs):
+            staged = self.stage(state_dict)
+            where = kwargs.get("checkpoint_id") or getattr(kwargs.get("storage_writer"), "path", "?")
+            group = self.group() if process_group is None else process_group
+            writes.append(Write(str(where), lambda: dcp_save(staged, process_group=group, **kwargs)))
+
+        with (
+            patched(torch, "save", deferred_torch_save),
+            patched(safetensors.torch, "save_file", deferred_save_file),
+            weight_files_patched(deferred_save_file),
+            patched(dcp, "save", deferred_dcp_save),
+        ):
+            yield writes
+
+    def group(self):
+        """The checkpointer's gloo group (created at the first save, by every rank); None for one process."""
+        if self._group is None and self.world_size > 1 and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.timeout_s))
+        return self._group
+
+    def agree(self, usable: bool) -> bool:
+        """Whether every rank can save in the background (called once, by every rank, at the first save)."""
+        group = self.group()
+        if group is None:
+            return usable
+        flag = torch.tensor([float(usable)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+        return bool(flag.item())
+
+    def submit(self, name: str, writes: list[Write], promote: Callable[[], None], describe_error) -> None:
+        """Write `writes` in the background; when every rank wrote its own, `promote()` (the writer ranks)."""
+        self.group()  # created here, in the training thread, by every rank in the same order
+        self.job = Job(name, lambda: self._write(name, writes, promote, describe_error))
+
+    def _write(self, name: str, writes: list[Write], promote, describe_error) -> None:
+        error = None
+        try:
+            for write in writes:
+                write.run()
+        except BaseException as failure:  # every failure is reported at the next step
+            error = failure
+        failed = self._failed_ranks(error is not None)
+        if not failed:
+            try:
+                promote()
+            except BaseException as failure:
+                error = failure
+            failed = self._failed_ranks(error is not None)
+        if failed:
+            self.error = describe_error(error, failed)
+
+    def _failed_ranks(self, failed: bool) -> list[int]:
+        group = self.group()
+        if group is None:
+            return [self.rank] if failed else []
+        flags = [torch.zeros(1) for _ in range(self.world_size)]
+        dist.all_gather(flags, torch.tensor([float(failed)]), group=group)
+        return [rank for rank, flag in enumerate(flags) if flag.item()]
+
+    def wait(self, next_save: str | None = None) -> float:
+        """Wait for the save in flight; returns the seconds waited (logged when a next save had to wait)."""
+        job, start = self.job, time.monotonic()
+        if job is None:
+            return 0.0
+        in_flight = not job.done.is_set()
+        job.done.wait()
+        self.job = None
+        waited = time.monotonic() - start
+        if next_save and in_flight and self.rank == 0:
+            logger.warning(
+                f"{next_save} waited {waited:.2f} s for {job.name}'s background write to finish (it took "
+                f"{time.monotonic() - job.started:.1f} s): saves come faster than the disk writes them; raise "
+                "save_steps, or write to a faster disk."
+            )
+        return waited
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def close(self) -> None:
+        self.wait()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
+
+def staged_bytes(model, optimizer, writes_model: bool) -> int:
+    """The bytes a save stages on this rank: the local part of the weights and optimizer states it writes."""
+    if not writes_model:
+        return 0
+
+    def local(tensor) -> int:
+        tensor = getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard
+        return tensor.numel() * tensor.element_size()
+
+    total = sum(local(getattr(p, "ds_tensor", p)) for p in model.parameters())  # ZeRO-3: the partition
+    for state in getattr(optimizer, "state", {}).values():
+        total += sum(local(v) for v in state.values() if isinstance(v, torch.Tensor))
+    return total

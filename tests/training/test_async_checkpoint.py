@@ -1,0 +1,117 @@
+"""Asynchronous checkpoints in real one-process runs (resume/background.py): the same files as a synchronous
+save, a failed background write raised at the next step, a save that waits for the one in flight (and says so),
+the last save complete before train() returns. The multi-process cases (a rank killed during a write, restarted
+by the launcher) are in tests/distributed/test_multiprocess_resume.py."""
+
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from hf_pretrain import PretrainForCausalLM, get_preset
+from hf_pretrain.training.resume import background
+from hf_pretrain.training.resume.background import CheckpointWriteError
+from tests.conftest import quick_args
+from tests.training.faults import WriteFault, WriteFaultTrainer
+
+STEPS, SAVE_STEPS = 6, 2
+BACKGROUND = background.__file__
+
+
+def run(out, async_checkpoint=True, write_fault=None, callbacks=(), steps=STEPS):
+    torch.manual_seed(0)
+    data = torch.randint(3, 500, (48, 16), generator=torch.Generator().manual_seed(1))
+    args = quick_args(
+        out,
+        max_steps=steps,
+        per_device_train_batch_size=4,
+        learning_rate=3e-3,
+        seed=0,
+        telemetry=False,
+        measure_peak_tflops=False,
+        save_strategy="steps",
+        save_steps=SAVE_STEPS,
+        async_checkpoint=async_checkpoint,
+    )
+    model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=1))
+    dataset = Dataset.from_dict({"input_ids": data.tolist(), "labels": data.tolist()})
+    trainer = WriteFaultTrainer(
+        model=model, args=args, train_dataset=dataset, write_fault=write_fault, callbacks=list(callbacks)
+    )
+    return trainer, trainer.train()
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    skip = {"trainer_state.json", "hf_pretrain_state.json", "training_args.bin"}  # times and the flag itself
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name not in skip}
+
+
+def test_an_async_save_writes_the_bytes_a_synchronous_one_writes(tmp_path):
+    trainer, _ = run(tmp_path / "async")
+    assert trainer.checkpointing.background is None  # finished: nothing in flight, the host copy freed
+    run(tmp_path / "sync", async_checkpoint=False)
+    for step in range(SAVE_STEPS, STEPS + 1, SAVE_STEPS):
+        written, reference = (
+            files(tmp_path / "async" / f"checkpoint-{step}"),
+            files(tmp_path / "sync" / f"checkpoint-{step}"),
+        )
+        assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"} <= set(written)
+        assert written == reference, step
+    assert not (tmp_path / "async" / ".saving").exists()
+
+
+def test_a_failed_background_write_is_raised_at_the_next_step(tmp_path):
+    steps = []
+
+    class Steps(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            steps.append(state.global_step + 1)
+
+    with pytest.raises(CheckpointWriteError, match=r"checkpoint-4: the background write failed on rank 0 \(OSError"):
+        run(tmp_path, write_fault=(4, 0, WriteFault("fail")), callbacks=[Steps()], steps=10)
+    # raised by the first step that begins after the write failed, at the latest at the next save: not lost
+    assert 5 <= steps[-1] <= 6
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]  # the one before is intact
+    assert not (tmp_path / ".saving" / "checkpoint-4").exists()  # the half-written folder is gone
+
+
+def release_when_the_loop_waits(release: Path, deadline_s: float = 120) -> None:
+    main, deadline = threading.main_thread().ident, time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(main)
+        while frame is not None and not (frame.f_code.co_name == "wait" and frame.f_code.co_filename == BACKGROUND):
+            frame = frame.f_back
+        if frame is not None:
+            break
+        time.sleep(0.01)
+    release.write_text("")
+
+
+def test_a_save_waits_for_the_one_in_flight_and_the_last_completes_before_train_returns(tmp_path, caplog):
+    marker, release = tmp_path / "writing", tmp_path / "release"
+
+    class Release(TrainerCallback):  # the write of checkpoint-2 is held until the next save waits for it
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2 * SAVE_STEPS:
+                assert marker.exists() and not (tmp_path / "checkpoint-2").exists()  # trained on, while it wrote
+                threading.Thread(target=release_when_the_loop_waits, args=(release,)).start()
+
+    fault = WriteFault("block", marker=str(marker), release=str(release))
+    with caplog.at_level(logging.WARNING):
+        run(tmp_path, write_fault=(SAVE_STEPS, 0, fault), callbacks=[Release()])
+    assert "checkpoint-4 waited" in caplog.text and "for checkpoint-2's background write" in caplog.text
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+
+
+def test_the_last_save_is_complete_when_train_returns(tmp_path):
+    fault = WriteFault("slow", seconds=1.0)  # a slow disk under the last checkpoint
+    run(tmp_path, write_fault=(STEPS, 0, fault))
+    assert (tmp_path / f"checkpoint-{STEPS}" / "write-fault.pt").exists()
+    assert not os.path.exists(tmp_path / ".saving")

@@ -1,0 +1,172 @@
+"""Unattended runs in one process (training/recovery/): the hang watchdog's timeout, dump and exit; the record of
+the attempts and the restart-loop guard across real `train()` calls as a launcher's restarts make them;
+`resume_from_checkpoint="auto"`; goodput across a failure. The launches with real restarts (kill -9, SIGSTOP) are
+in tests/distributed/test_multiprocess_resume.py."""
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from hf_pretrain import PretrainForCausalLM, PretrainTrainer, get_preset
+from hf_pretrain.telemetry.jsonl import read_jsonl
+from hf_pretrain.training.recovery.attempts import (
+    KILLED,
+    REFUSED,
+    Attempt,
+    RestartLoopError,
+    no_progress,
+    read_attempts,
+)
+from hf_pretrain.training.recovery.watchdog import HANG_EXIT_CODE, HangWatchdog, WatchdogSettings, heartbeat_path
+from tests.conftest import quick_args
+
+
+def attempt(restart, step, ended=KILLED, resumed=0):
+    return Attempt(restart=restart, started=0.0, resumed_step=resumed, last_step=step, ended=ended)
+
+
+def test_a_restart_loop_is_the_same_failure_at_the_same_step_in_a_row():
+    crash = "exception: RuntimeError: CUDA error: an illegal memory access"
+    same = [attempt(0, 12, crash, 9), attempt(1, 12, crash, 9), attempt(2, 12, crash, 9)]
+    assert "the last 3 attempts all failed at step 12 after resuming from step 9: exception: Runtime" in no_progress(
+        same, 3
+    )
+    assert no_progress(same[:2], 3) is None  # not yet
+    assert no_progress(same, 0) is None  # the guard off
+    assert no_progress([*same[:2], attempt(2, 15, crash, 12)], 3) is None  # progress: another step
+    assert no_progress([*same[:2], attempt(2, 12, KILLED, 9)], 3) is None  # another failure
+    assert no_progress([*same[:2], attempt(2, 12, "finished", 9)], 3) is None
+    hangs = [attempt(r, 7, f"hang: no optimizer step for {30 + r} s ...") for r in range(3)]
+    assert no_progress(hangs, 3) is not None  # a hang is a hang, whatever its timings
+    assert no_progress([*same, attempt(3, 0, REFUSED)], 3) is not None  # a refused restart changes nothing
+    assert no_progress([*same[:2], attempt(0, 12, crash, 9)], 3) is None  # a person launched again: counted anew
+
+
+class FakeExit:
+    def __init__(self):
+        self.code, self.called = None, threading.Event()
+
+    def __call__(self, code):
+        self.code = code
+        self.called.set()
+
+
+def wait_for(condition, deadline_s=60.0):
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_the_watchdog_dumps_the_stacks_names_the_silent_rank_and_exits(tmp_path):
+    silent = {
+        "rank": 1,
+        "attempt": 0,
+        "host": "node1",
+        "pid": 4242,
+        "step": 3,
+        "phase": None,
+        "alive": time.time() - 60,
+    }
+    tmp_path.mkdir(exist_ok=True)
+    heartbeat_path(tmp_path, 1).write_text(json.dumps(silent))
+    exit, reasons = FakeExit(), []
+    settings = WatchdogSettings(factor=2.0, min_s=0.3, floor_s=30.0, poll_s=0.05)
+    watchdog = HangWatchdog(tmp_path, 0, 2, settings, attempt=0, on_hang=reasons.append, exit=exit)
+    watchdog.start(step=0)
+    for step in (1, 2, 3):  # timed steps: the steady timeout (the minimum, steps this short) applies
+        watchdog.beat(step)
+    assert watchdog.timeout_s()[0] == 0.3
+    assert exit.called.wait(60)  # no step for longer than the timeout
+    assert exit.code == HANG_EXIT_CODE
+    stacks = (tmp_path / "stacks-rank0-step3.txt").read_text()
+    assert "test_the_watchdog_dumps_the_stacks" in stacks  # this (main) thread, where it waits
+    (reason,) = reasons
+    assert reason.startswith("hang: no optimizer step for") and "after step 3 on rank 0" in reason
+    assert "rank 1 (node1, pid 4242) stopped reporting" in reason and "ranks alive but making no step: 0" in reason
+
+
+def test_the_watchdog_waits_out_a_long_save_and_times_steps_again_after_it(tmp_path):
+    exit = FakeExit()
+    settings = WatchdogSettings(factor=2.0, min_s=0.3, floor_s=60.0, poll_s=0.05)
+    watchdog = HangWatchdog(tmp_path, 0, 1, settings, exit=exit)
+    watchdog.start(step=0)
+    for step in (1, 2, 3):
+        watchdog.beat(step)
+    with watchdog.long_phase("checkpoint"):
+        begun = time.time()
+        beat = heartbeat_path(tmp_path, 0)
+        wait_for(lambda: json.loads(beat.read_text())["alive"] - begun > 5 * settings.min_s)  # checked all along
+        assert not exit.called.is_set() and watchdog.timeout_s()[0] == 60.0
+    assert exit.called.wait(60)  # after the save, the step timeout again
+    watchdog.stop()
+
+
+STEPS = 8
+
+
+def train(out, resume="auto", fail_at=None, limit=3, telemetry=False, callbacks=()):
+    torch.manual_seed(0)
+    data = torch.randint(3, 500, (64, 16), generator=torch.Generator().manual_seed(1))
+    args = quick_args(
+        out,
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        learning_rate=3e-3,
+        seed=0,
+        telemetry=telemetry,
+        measure_peak_tflops=False,
+        save_strategy="steps",
+        save_steps=2,
+        restart_same_failure_limit=limit,
+    )
+    model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=1))
+
+    class Fail(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == fail_at:
+                raise RuntimeError(f"injected at step {fail_at}")
+
+    dataset = Dataset.from_dict({"input_ids": data.tolist(), "labels": data.tolist()})
+    trainer = PretrainTrainer(model=model, args=args, train_dataset=dataset, callbacks=[Fail(), *callbacks])
+    return trainer.train(resume_from_checkpoint=resume)
+
+
+def test_auto_starts_then_resumes_after_a_failure_and_goodput_counts_the_loss(tmp_path, monkeypatch, caplog):
+    with pytest.raises(RuntimeError, match="injected at step 6"):
+        train(tmp_path, fail_at=6, telemetry=True)  # no checkpoint yet: 'auto' starts at step 0
+    assert "starting at step 0" in caplog.text
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # the launcher's restart
+    train(tmp_path, telemetry=True)
+    first, second = read_attempts(tmp_path)
+    assert (first.resumed_step, first.last_step, first.ended) == (0, 6, "exception: RuntimeError: injected at step 6")
+    assert (second.restart, second.resumed_step, second.last_step, second.ended) == (
+        1,
+        4,
+        STEPS,
+        "finished",
+    )  # the newest
+    last = [r for r in read_jsonl(tmp_path) if "goodput" in r][-1]
+    assert last["goodput_restarts"] == 1
+    assert last["goodput_restart_s"] >= second.started - first.end_time  # at least the relaunch
+    spent = sum(last[f"goodput_{kind}_s"] for kind in ("productive", "checkpoint", "eval", "restart"))
+    assert 0 < last["goodput"] < 1 and last["goodput_checkpoint_s"] > 0 and spent <= last["goodput_wall_s"]
+
+
+def test_the_same_failure_at_the_same_step_stops_the_restarts(tmp_path, monkeypatch):
+    for restart in (0, 1):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
+        with pytest.raises(RuntimeError, match="injected at step 3"):
+            train(tmp_path, fail_at=3, limit=2)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    with pytest.raises(RestartLoopError, match="the last 2 attempts all failed at step 3 after resuming from step 2"):
+        train(tmp_path, limit=2)
+    assert [a.ended for a in read_attempts(tmp_path)][-1] == REFUSED
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")  # a person launches again: trained
+    train(tmp_path, limit=2)
+    assert read_attempts(tmp_path)[-1].ended == "finished"
