@@ -116,10 +116,14 @@ def report(argv: list[str]) -> int:
         raise ValueError(str(err)) from err
     print(f"wrote {png} and {page}")
     from .report.dashboard import format_mixture
+    from .report.goodput import goodput_summary
     from .telemetry.jsonl import read_jsonl
 
-    if mixture := format_mixture(read_jsonl(args.run_dir)):
+    records = read_jsonl(args.run_dir)
+    if mixture := format_mixture(records):
         print(mixture)
+    if summary := goodput_summary(records):
+        print(summary)
     return 0
 
 

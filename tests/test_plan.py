@@ -22,6 +22,7 @@ from hf_pretrain.plan import PlanRefused, PlanRequest, make_plan, write_plan
 from hf_pretrain.plan.hardware import MFU_ASSUMPTIONS
 from hf_pretrain.plan.output import launch_command
 from hf_pretrain.plan.planner import CHECKPOINTING_COST, STRATEGIES, candidate_strategies
+from hf_pretrain.plan.resilience import checkpoint_plan
 from hf_pretrain.plan.scaling import (
     LAYERS,
     compute_optimal_shape,
@@ -274,6 +275,26 @@ def test_strategy_is_the_cheapest_communication_that_holds_8k_tokens_per_micro_b
 
 
 # ---------------------------------------------------------------- refusals
+
+
+def test_checkpoint_interval_is_young_daly_from_the_stall_and_llama3_failure_rate():
+    eight = checkpoint_plan(16e9, 8)  # 16 GB staged at 16 GB/s: a 1 s stall
+    mtbf = 54 * 24 * 16384 / 419 / 8  # GPU-hours per failure in Llama 3's pretraining, over 8 GPUs: 6,335 h
+    assert eight.stall_s == pytest.approx(1.0) and eight.mtbf_hours == pytest.approx(mtbf)
+    assert eight.interval_s == pytest.approx(math.sqrt(2 * 1.0 * mtbf * 3600))  # ~1.9 h
+    assert eight.lost_share == pytest.approx(1 / eight.interval_s + eight.interval_s / (2 * mtbf * 3600))
+    many = checkpoint_plan(16e9, 8192)
+    assert many.interval_s == pytest.approx(eight.interval_s / 32)  # 1024x the failures: sqrt(1024) = 32x as often
+    given = checkpoint_plan(16e9, 8, checkpoint_seconds=8.0, mtbf_hours=2.0)
+    assert (
+        given.interval_s == pytest.approx(math.sqrt(2 * 8.0 * 2.0 * 3600))
+        and given.stall_source == "--checkpoint-seconds"
+    )
+    plan = make_plan(PlanRequest("h100", gpus=8, hours=168, mtbf_hours=24))
+    command = launch_command(plan, "plan", "DATA", "runs/x")
+    save_steps = int(command[command.index("--save_steps") + 1])
+    assert save_steps == round(plan.checkpoints.interval_s / plan.step_seconds)
+    assert command[command.index("--resume_from_checkpoint") + 1] == "auto" and "--max_restarts" in command
 
 
 def test_refuses_a_model_that_cannot_fit_and_names_the_largest_that_does():

@@ -50,6 +50,12 @@ def cli(argv: list[str]) -> int:
     run.add_argument("--sharding", choices=("deepspeed", "fsdp2"), default="deepspeed", help="when DDP does not fit")
     run.add_argument("--schedule", choices=("cosine_restarts", "wsd"), default="cosine_restarts")
     run.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="memory kept free, fraction of the device")
+    run.add_argument(
+        "--checkpoint-seconds", type=float, default=None, help="one save's stall (default: estimated, async save)"
+    )
+    run.add_argument(
+        "--mtbf-hours", type=float, default=None, help="the job's mean time between failures (default: Llama 3's rate)"
+    )
     run.add_argument("--out", default="plan", help="directory for plan.json and the launch files (default plan)")
     run.add_argument("--dataset-path", default="DATA_PATH", help="the data the launch command trains on")
     run.add_argument("--run-dir", default="runs/plan", help="the launch command's --output_dir")
@@ -76,6 +82,8 @@ def cli(argv: list[str]) -> int:
         margin=args.margin,
         peak_tflops=args.peak_tflops,
         device_memory_gb=args.device_memory_gb,
+        checkpoint_seconds=args.checkpoint_seconds,
+        mtbf_hours=args.mtbf_hours,
     )
     plan = make_plan(request)
     files = write_plan(plan, args.out, args.dataset_path, args.run_dir)

@@ -8,7 +8,8 @@
   the plan's processes and machines (and, over several nodes, `two_nodes.yaml`'s rendezvous keys), pointing
   at the shipped DeepSpeed preset (ds_configs/) for ZeRO-2/3: the settings keep one home, the repository's;
 - `launch.sh`: the exact `accelerate launch examples/pretrain.py ...` command (run it on every node with
-  MACHINE_RANK set when there are several).
+  MACHINE_RANK set when there are several), with restarts allowed (`--max_restarts`, a rendezvous store per
+  attempt) and `--resume_from_checkpoint auto`, so a failed run resumes by itself.
 The launch files are for a checkout of the repository (run from its root), where the example and the
 presets live.
 """
@@ -22,7 +23,9 @@ from pathlib import Path
 import yaml
 
 from ..distributed.memory import GiB
+from ..training.recovery.attempts import RESTARTABLE
 from .planner import Plan
+from .resilience import SOURCE as CHECKPOINT_SOURCE
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "examples" / "accelerate_configs"
@@ -34,7 +37,9 @@ SOURCES = {
     "memory": "hf_pretrain.distributed.memory.estimate_memory (docs/memory.md)",
     "flops": "hf_pretrain.modeling.accounting.flops_per_token (6 x matmul weights + attention)",
     "peak": "hf_pretrain.chips.CHIPS",
+    "checkpoint_interval": CHECKPOINT_SOURCE,
 }
+MAX_RESTARTS = 3  # launch.sh: the launcher restarts a failed run this many times (each resumes by itself)
 SHAPE_FIELDS = (
     "num_hidden_layers",
     "hidden_size",
@@ -66,17 +71,21 @@ def accelerate_config(plan: Plan) -> dict:
         config["deepspeed_config"]["zero3_init_flag"] = strategy.zero == 3
     if strategy.name == "fsdp2":
         config["fsdp_config"]["fsdp_activation_checkpointing"] = plan.checkpointing
+    config["rdzv_backend"] = "c10d"  # restarts: a new rendezvous each attempt (with launch.sh's environment)
+    if hw.nodes > 1:
+        config["same_network"] = False  # c10d's endpoint: main_process_ip:main_process_port
     return config
 
 
 def save_steps(plan: Plan) -> int:
-    """A checkpoint about every hour of predicted wall-clock (at least every step, at most once per run)."""
-    return max(1, min(plan.steps, round(3600 / plan.step_seconds)))
+    """A checkpoint every Young/Daly interval of predicted wall-clock (at least every step, at most once per run)."""
+    return max(1, min(plan.steps, round(plan.checkpoints.interval_s / plan.step_seconds)))
 
 
 def launch_command(plan: Plan, out_dir: str, dataset: str, run_dir: str) -> list[str]:
     """argv of the launch (without --machine_rank, which launch.sh adds per node)."""
-    args = ["accelerate", "launch", "--config_file", f"{out_dir}/accelerate_config.yaml", "examples/pretrain.py"]
+    args = ["accelerate", "launch", "--config_file", f"{out_dir}/accelerate_config.yaml"]
+    args += ["--max_restarts", str(MAX_RESTARTS), "examples/pretrain.py"]
     args += ["--preset", f"{out_dir}/model", "--dataset_path", dataset, "--output_dir", run_dir]
     args += ["--seq_len", str(plan.seq_len), "--vocab_size", str(plan.config.vocab_size)]
     args += ["--per_device_train_batch_size", str(plan.micro_batch), "--per_device_eval_batch_size"]
@@ -85,6 +94,7 @@ def launch_command(plan: Plan, out_dir: str, dataset: str, run_dir: str) -> list
     args += ["--learning_rate", f"{plan.peak_lr:.3g}", "--lr_scheduler_type", plan.schedule]
     args += ["--lr_scheduler_kwargs", json.dumps(plan.schedule_kwargs, separators=(",", ":"))]
     args += ["--save_strategy", "steps", "--save_steps", str(save_steps(plan)), "--logging_steps", "10"]
+    args += ["--resume_from_checkpoint", "auto"]
     if plan.checkpointing and plan.strategy.name != "fsdp2":  # FSDP2 checkpoints through its accelerate config
         args.append("--gradient_checkpointing")
     return args
@@ -133,6 +143,16 @@ def plan_dict(plan: Plan, command: list[str] | None = None) -> dict:
             "hours": plan.hours,
             "gpu_hours": plan.gpu_hours,
             "model_flops": plan.model_flops,
+        },
+        "checkpoints": {
+            "save_steps": save_steps(plan),
+            "interval_s": plan.checkpoints.interval_s,
+            "stall_s": plan.checkpoints.stall_s,
+            "stall_source": plan.checkpoints.stall_source,
+            "mtbf_hours": plan.checkpoints.mtbf_hours,
+            "mtbf_source": plan.checkpoints.mtbf_source,
+            "expected_lost_share": plan.checkpoints.lost_share,
+            "max_restarts": MAX_RESTARTS,
         },
         "warnings": plan.warnings,
         "sources": SOURCES,
@@ -199,7 +219,20 @@ def table(plan: Plan) -> str:
     ]
     from ..evaluation.downstream.budget import plan_row
 
-    rows.append(("downstream", plan_row(plan)))
+    ckpt = plan.checkpoints
+    rows += [
+        ("downstream", plan_row(plan)),
+        (
+            "checkpoint",
+            f"every {save_steps(plan):,} steps ({ckpt.interval_s / 3600:.2f} h): Young/Daly sqrt(2 x {ckpt.stall_s:.2g} s "
+            f"stall x {ckpt.mtbf_hours:,.0f} h between failures), expected loss {ckpt.lost_share:.2%} + relaunches",
+        ),
+        ("", f"stall: {ckpt.stall_source}; failures: {ckpt.mtbf_source}"),
+        (
+            "",
+            f"restarts: up to {MAX_RESTARTS}, each resuming from the newest checkpoint (--resume_from_checkpoint auto)",
+        ),
+    ]
     rows += [("warning", text) for text in plan.warnings]
     return "\n".join(f"{name:<10} {text}" for name, text in rows)
 
@@ -222,10 +255,12 @@ def write_plan(
     plan.config.save_pretrained(out / "model")
     rank = ' --machine_rank "${MACHINE_RANK:-0}"' if plan.hardware.nodes > 1 else ""
     script = shlex.join(command[:4]) + rank + " " + shlex.join(command[4:])
+    restartable = "".join(f"export {name}={value}\n" for name, value in RESTARTABLE.items())
     files["launch"].write_text(
         "#!/bin/sh\n# Written by hf-pretrain plan; run from the repository root"
         + (" on every node, MACHINE_RANK=0 on the main one" if rank else "")
-        + f".\nset -e\n{script}\n"
+        + ".\nset -e\n# a new rendezvous store for each restart (pytorch/pytorch#135712)\n"
+        + f"{restartable}{script}\n"
     )
     files["launch"].chmod(0o755)
     files["plan"].write_text(json.dumps(plan_dict(plan, command), indent=2) + "\n")

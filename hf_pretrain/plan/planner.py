@@ -21,6 +21,8 @@ The order of decisions, each from its one home in the package:
    warmup 0.8 % of the tokens, at least one optimizer step).
 6. The prediction: tokens/s = GPUs x peak x MFU / FLOPs per token (x 4/3 with checkpointing), step time,
    wall-clock, GPU-hours.
+7. The checkpoint interval: Young's rule from one save's stall and the job's time between failures
+   (`resilience.py`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ..modeling.accounting import count_parameters, flops_per_token
 from ..modeling.configuration import PretrainConfig
 from . import scaling
 from .hardware import PLANNED_RECIPES, Hardware, PlanRefused, resolve_hardware
+from .resilience import CheckpointPlan, checkpoint_plan
 
 DEFAULT_MARGIN = 0.15
 MIN_VOCAB_SIZE = 259  # byte-level BPE: 256 byte tokens + the special tokens (data/tokenizer.py: check_vocab_size)
@@ -84,6 +87,8 @@ class PlanRequest:
     margin: float = DEFAULT_MARGIN
     peak_tflops: float | None = None
     device_memory_gb: float | None = None
+    checkpoint_seconds: float | None = None  # one save's stall of the training loop (default: estimated)
+    mtbf_hours: float | None = None  # the job's mean time between failures (default: Llama 3's rate per GPU)
 
     def __post_init__(self):
         budgets = [name for name in ("hours", "tokens", "flops") if getattr(self, name) is not None]
@@ -97,7 +102,8 @@ class PlanRequest:
                 f"--vocab-size={self.vocab_size} is too small for the byte-level BPE the launch trains "
                 f"(examples/pretrain.py): use at least {MIN_VOCAB_SIZE} (256 bytes + special tokens), e.g. 32768."
             )
-        for name in ("hours", "tokens", "flops", "data_tokens", "params", "tokens_per_param", "peak_tflops"):
+        for name in ("hours", "tokens", "flops", "data_tokens", "params", "tokens_per_param", "peak_tflops",
+                     "checkpoint_seconds", "mtbf_hours"):  # fmt: skip
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"--{name.replace('_', '-')}={value!r} must be positive.")
@@ -134,6 +140,7 @@ class Plan:
     schedule_kwargs: dict
     data_tokens: float | None
     budget: dict
+    checkpoints: CheckpointPlan | None = None
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -401,6 +408,8 @@ def make_plan(request: PlanRequest) -> Plan:
         data_tokens=request.data_tokens,
         budget=budget,
     )
+    state = plan.memory.parameters + plan.memory.optimizer_states  # what one rank's checkpoint stages
+    plan.checkpoints = checkpoint_plan(state, hw.world, request.checkpoint_seconds, request.mtbf_hours)
     plan.warnings = warnings_for(plan) + ([resized] if resized else [])
     return plan
 

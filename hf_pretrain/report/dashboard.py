@@ -4,7 +4,9 @@ Reads `RUN_DIR/telemetry.jsonl` (written by `JsonlCallback`) and draws, against 
 training and held-out loss with the learning rate on a second axis; tokens/s; MFU against spec and
 against the measured ceiling (rates on axes from zero); SM clock, power, compute and wait time per
 rank; memory; utilization beside power as a share of its limit; the downstream tasks' centered
-accuracy (0 = chance) and bits per byte. The HTML page opens with a summary table (`summary.py`). Warnings of the run
+accuracy (0 = chance) and bits per byte; goodput (where the wall time went: productive, restarts,
+checkpoint stalls, evaluations; its summary line is a row of the page's table). The HTML page opens
+with a summary table (`summary.py`). Warnings of the run
 (straggler, under-clock, attention fallback) are merged into episodes (consecutive logs carrying
 one), drawn as a line at their start and a shaded span over their length on every panel, and
 listed in the HTML page, with the realised token share of each source of a data mixture (`telemetry/mixture.py`)
@@ -58,6 +60,7 @@ PANELS = (
     ),
     ("downstream", "downstream: centered accuracy (0 = chance, 1 = perfect)", [r"^downstream/([^/]+/)?centered$"]),
     ("downstream_bpb", "downstream: bits per byte of the gold answer", [r"^downstream/[^/]+/bpb$"]),
+    ("goodput", "time spent (s, since the run began)", [r"^goodput_(wall|productive|restart|checkpoint|eval)_s$"]),
 )
 FROM_ZERO = ("throughput", "mfu")  # rates: a drop from 9,000 to 8,500 tokens/s must not fill the panel
 
@@ -123,7 +126,8 @@ def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tup
         if isinstance(record.get("gpu_power_of_limit"), (int, float)):
             record["gpu_power_of_limit_pct"] = 100 * record["gpu_power_of_limit"]
     spans = episodes(records)
-    fig, axes = plt.subplots(5, 2, figsize=(14, 17.5), sharex=True)
+    rows = (len(PANELS) + 1) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(14, 3.5 * rows), sharex=True)
     for ax, (name, title, patterns) in zip(axes.flat, PANELS):
         drawn = {k: v for p in patterns for k, v in series(records, p).items()}
         if any(k.startswith("rank") for k in drawn):  # per-rank figures supersede this rank's own
@@ -150,6 +154,8 @@ def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tup
             ax.text(first, 0.98, label, transform=ax.get_xaxis_transform(), color=color, fontsize=7, va="top")
         ax.set_title(title, fontsize=11)
         ax.grid(alpha=0.3)
+    for ax in axes.flat[len(PANELS) :]:
+        ax.set_visible(False)
     for ax in axes[-1]:
         ax.set_xlabel("optimizer step")
     fig.suptitle(

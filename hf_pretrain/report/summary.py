@@ -3,14 +3,16 @@
 Rows: the model and its size (`config.json`, written by `save_model`: parameters counted by
 `modeling/accounting.py` for hf_pretrain configs, the config's own type otherwise), tokens seen,
 the compute dtype and the attention kernels (`preflight.json`), then the last value of the
-training loss, held-out loss, learning rate, tokens/s, MFU and the downstream figures
-(telemetry.jsonl). What the run directory does not hold is said so, never invented.
+training loss, held-out loss, learning rate, tokens/s, MFU, the downstream figures and the
+goodput (`goodput.py`) (telemetry.jsonl). What the run directory does not hold is said so, never invented.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from .goodput import goodput_summary
 
 MISSING = "not in the run directory"
 
@@ -73,4 +75,5 @@ def summary_rows(run_dir: Path, records: list[dict]) -> list[tuple[str, str]]:
         figures = {m: _last(records, f"downstream/{task}/{m}") for m in ("acc", "acc_norm", "bpb", "centered")}
         text = ", ".join(f"{m} {v:.3f}" for m, v in figures.items() if v is not None)
         rows.append((f"downstream {task}", text))
+    rows.append(("goodput", goodput_summary(records) or "not logged (telemetry off)"))
     return rows

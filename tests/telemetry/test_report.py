@@ -5,6 +5,7 @@ import pytest
 from hf_pretrain.cli import main as cli
 from hf_pretrain.report import render_report
 from hf_pretrain.report.dashboard import episodes, series, warnings_of
+from hf_pretrain.report.goodput import goodput_summary
 
 
 def write_run(path, records):
@@ -78,3 +79,24 @@ def test_report_says_it_skipped_a_half_written_line(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"skipped 1 line(s) of {tmp_path / 'telemetry.jsonl'} that are no record (line 11): a line cut" in out
     assert "that are no record (line 11)" in (tmp_path / "report.html").read_text()
+
+
+def test_report_says_where_the_wall_time_went(tmp_path, capsys):
+    records = [{"step": s, "loss": 3.0} for s in (10, 20)]
+    assert goodput_summary(records) is None  # telemetry without goodput: nothing claimed
+    records[-1].update(
+        goodput=0.75,
+        goodput_wall_s=7200.0,
+        goodput_productive_s=5400.0,
+        goodput_restart_s=900.0,
+        goodput_restarts=2,
+        goodput_checkpoint_s=60.0,
+        goodput_eval_s=300.0,
+    )
+    write_run(tmp_path, records)
+    assert cli(["report", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "goodput 0.75 at step 20: 1.5 h productive of 2.0 h; lost to 2 restarts 15.0 min, checkpoint stalls "
+        "1.0 min, evaluations 5.0 min, other (start-up, data, logging) 9.0 min"
+    )
+    assert "goodput 0.75 at step 20" in (tmp_path / "report.html").read_text()

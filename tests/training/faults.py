@@ -91,4 +91,3 @@ class WriteFaultTrainer(PretrainTrainer):
             at, rank, fault = self.write_fault
             if self.state.global_step == at and self.args.process_index == rank:
                 torch.save(fault, os.path.join(output_dir, "write-fault.pt"))
-
