@@ -221,6 +221,65 @@ def resume(straight: RunResult, resumed: RunResult | None, start: int | None) ->
     )
 
 
+RESTART_FIX = (
+    "let the launcher restart failed runs (accelerate launch --max_restarts N --rdzv_backend c10d, with "
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment) and resume by itself: --resume_from_checkpoint auto "
+    "(PretrainTrainer: the newest whole checkpoint, or a fresh start)"
+)
+
+
+def _recovered(name: str, straight: RunResult, run: RunResult, kill_at: int, what: str) -> Check | str:
+    """The failed check, or the sentence saying how the run came back."""
+    if run.fault is None:
+        return _not_run(name, f"no rank reached step {kill_at}; {_failed_run(run)}")
+    if not run.ok or run.attempts < 2:
+        why = "the launcher did not restart the run" if run.attempts < 2 else "the restarted run failed"
+        return Check(name, "failed", f"{what}; {why}: {_failed_run(run)}", RESTART_FIX)
+    start = min(r["start_step"] for r in run.records)
+    if start == 0:
+        return Check(name, "failed", f"{what}; the restarted run started again at step 0", RESTART_FIX)
+    exact = resume(straight, run, start)
+    if exact.status != "passed":
+        return Check(name, exact.status, f"{what}; restarted, then: {exact.detail}", exact.fix)
+    return f"{what}; the launcher restarted the run, which resumed by itself: {exact.detail}"
+
+
+def unattended_recovery(straight: RunResult, restarted: RunResult, kill_at: int) -> Check:
+    name = "kill -9, unattended restart"
+    what = f"rank {(restarted.fault or {}).get('rank', '?')} killed (SIGKILL) in step {kill_at}, restarts allowed"
+    outcome = _recovered(name, straight, restarted, kill_at, what)
+    return outcome if isinstance(outcome, Check) else Check(name, "passed", outcome)
+
+
+def hang_recovery(straight: RunResult, hung: RunResult, kill_at: int) -> Check:
+    from ..training.recovery.attempts import read_attempts
+
+    name = "hung rank, watchdog restart"
+    what = f"rank {(hung.fault or {}).get('rank', '?')} stopped (SIGSTOP) in step {kill_at}"
+    run_dir = hung.log.parent / "run"
+    attempts = read_attempts(run_dir)
+    first = attempts[0].ended or "" if attempts else ""
+    if hung.fault is not None and not first.startswith("hang:"):
+        return Check(
+            name,
+            "failed",
+            f"{what}; nothing noticed the hang ({hung.hung or _failed_run(hung)})",
+            "train with PretrainTrainer: its hang watchdog (hang_watchdog, hang_timeout_factor / _min_s / _floor_s) "
+            "dumps the stacks and exits so the launcher restarts; " + RESTART_FIX,
+        )
+    outcome = _recovered(name, straight, hung, kill_at, what)
+    if isinstance(outcome, Check):
+        return outcome
+    stacks = sorted(p.name for p in (run_dir / "recovery").glob("stacks-rank*.txt"))
+    named = "stopped reporting" in first
+    return Check(
+        name,
+        "passed",
+        f"the watchdog {'named the stopped rank' if named else 'fired'} and dumped {', '.join(stacks)}; "
+        + outcome.split("; ", 1)[1],
+    )
+
+
 PLAIN_LOAD = """
 import sys, torch
 from transformers import AutoModelForCausalLM

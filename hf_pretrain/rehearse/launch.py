@@ -208,10 +208,26 @@ def build_deepspeed_ops(timeout_s: float = 1200.0) -> None:
         raise RuntimeError(f"DeepSpeed's CPU comm op does not build here: {error}")
 
 
-def launch_commands(topology: Topology, config_file: Path, target: list[str]) -> list[list[str]]:
-    """One `accelerate launch` per node, all on one free port."""
+# A launch with restarts allowed: one restart, a rendezvous the restarted ranks can join (c10d, a new store per
+# attempt: training/recovery/attempts.py), the launcher's check of its workers twice a second.
+RESTARTS = ["--max_restarts", "1", "--monitor_interval", "0.5", "--rdzv_backend", "c10d"]
+
+
+def restart_environment(topology: Topology) -> dict[str, str]:
+    """The environment a launch with restarts needs: a new rendezvous store per attempt; one node's endpoint."""
+    from ..training.recovery.attempts import RESTARTABLE
+
+    endpoint = {"PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"} if topology.nodes == 1 else {}
+    return {**RESTARTABLE, **endpoint}
+
+
+def launch_commands(
+    topology: Topology, config_file: Path, target: list[str], restarts: bool = False
+) -> list[list[str]]:
+    """One `accelerate launch` per node, all on one free port (with `restarts`: one restart allowed)."""
     port = str(free_port())
     base = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file)]
+    base += RESTARTS if restarts else []
     if topology.nodes == 1:
         return [[*base, "--main_process_port", port, *target]]
     return [
@@ -230,6 +246,8 @@ class RunResult:
     hung: str | None = None  # why the rehearsal had to stop the run
     killed: dict | None = None  # killed.json: the rank and step of the planted SIGKILL
     teardown_s: float | None = None  # from the SIGKILL to the last launcher's exit
+    attempts: int = 1  # a launch with restarts: how many attempts ran
+    fault: dict | None = None  # a launch with restarts: fault.json, the planted SIGKILL or SIGSTOP
 
     @property
     def ok(self) -> bool:
@@ -278,6 +296,7 @@ def run_launch(
     timeout_s: float,
     exit_grace_s: float = 120.0,
     teardown_s: float = 90.0,
+    env: dict[str, str] | None = None,
 ) -> RunResult:
     """Run one launch to its end, or stop it: past `timeout_s`, `exit_grace_s` after every rank finished training
     without exiting, or `teardown_s` after the planted SIGKILL without the launchers exiting."""
@@ -285,7 +304,9 @@ def run_launch(
     start, hung, killed_at, finished_at = time.time(), None, None, None
     with log.open("w") as out:
         processes = [
-            subprocess.Popen(c, stdout=out, stderr=subprocess.STDOUT, env=environment(), start_new_session=True)
+            subprocess.Popen(
+                c, stdout=out, stderr=subprocess.STDOUT, env={**environment(), **(env or {})}, start_new_session=True
+            )
             for c in commands
         ]
         while any(p.poll() is None for p in processes):

@@ -1,7 +1,9 @@
 """The rehearsal's eyes inside each rank: the launch target that runs the user's script under watch.
 
-`hf-pretrain rehearse` launches `python probe.py RECORD_DIR KILL_AT SCRIPT ARGS...` through accelerate in
-place of `SCRIPT ARGS...`. Before running the script as `__main__` (`runpy`), the probe wraps
+`hf-pretrain rehearse` launches `python probe.py RECORD_DIR FAULT SCRIPT ARGS...` through accelerate in
+place of `SCRIPT ARGS...`. FAULT is `0` (none), `STEP` (SIGKILL, the launch must tear down) or, for a launch with
+restarts allowed, `restart-kill:STEP` / `restart-stop:STEP` (SIGKILL or SIGSTOP in the first attempt only; each
+attempt's records in RECORD_DIR/attempt<k>/, the fault in fault.json). Before running the script as `__main__` (`runpy`), the probe wraps
 `transformers.Trainer.__init__` so that every Trainer the script builds (any subclass) gets:
 - `ProbeCallback`: at `on_train_begin` the rank's identity (rank, node, host, backend, rendezvous
   address, the step it starts from) and, on rank 0, the first samples of the sampler's order when the
@@ -9,8 +11,9 @@ place of `SCRIPT ARGS...`. Before running the script as `__main__` (`runpy`), th
   is written to RECORD_DIR/rank-<r>.json; `on_train_end` marks it finished;
 - a wrapper of its `training_step` that notes, for every micro-batch the rank really trains, the ids
   of its samples (their index in the training dataset, found by a fingerprint of their tokens) and
-  the loss it returns; and, on the last rank at step KILL_AT, writes killed.json and SIGKILLs its own
-  process before the micro-batch's forward: a node lost mid-step, the others left in a collective.
+  the loss it returns; and, on the last rank at the FAULT's step, writes killed.json (fault.json) and SIGKILLs
+  (or SIGSTOPs) its own process before the micro-batch's forward: a node lost (or hung) mid-step, the others left
+  in a collective.
 
 The probe also leaves the process group at exit (`training.processes.leave_process_group`, as
 `PretrainTrainer` does): a plain-`Trainer` script rehearsed on gloo would otherwise now and then
@@ -72,9 +75,21 @@ def _find_sampler(dataloader, depth: int = 4):
     return None
 
 
+def parse_fault(fault: str) -> tuple[str, int, int]:
+    """(kind, step, attempt): `10` -> ("kill", 10, 0); `restart-stop:10` -> ("stop", 10, restart count)."""
+    kind, _, step = fault.rpartition(":")
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    return (kind.removeprefix("restart-") or "kill"), int(step), attempt if kind.startswith("restart-") else -1
+
+
 class Probe:
-    def __init__(self, record_dir: Path, kill_at: int):
-        self.dir, self.kill_at = record_dir, kill_at
+    def __init__(self, record_dir: Path, fault: str):
+        self.kind, self.kill_at, self.attempt = parse_fault(fault)
+        self.faults_dir = record_dir
+        self.dir = record_dir / f"attempt{self.attempt}" if self.attempt >= 0 else record_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if self.attempt > 0:
+            self.kill_at = 0  # the fault happens in the first attempt only
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.index: dict[str, int] = {}
@@ -139,8 +154,10 @@ class Probe:
 
     def die(self, step: int) -> None:
         self.write()
-        (self.dir / "killed.json").write_text(json.dumps({"rank": self.rank, "step": step, "time": time.time()}))
-        os.kill(os.getpid(), signal.SIGKILL)
+        fault = {"rank": self.rank, "step": step, "time": time.time(), "kind": self.kind}
+        name = "fault.json" if self.attempt >= 0 else "killed.json"  # killed.json: the launch must tear down
+        (self.faults_dir / name).write_text(json.dumps(fault))
+        os.kill(os.getpid(), signal.SIGSTOP if self.kind == "stop" else signal.SIGKILL)
 
 
 class ProbeCallback(TrainerCallback):
@@ -174,9 +191,8 @@ def install(probe: Probe) -> None:
 
 
 def main(argv: list[str]) -> None:
-    record_dir, kill_at, script, *script_args = argv
-    Path(record_dir).mkdir(parents=True, exist_ok=True)
-    install(Probe(Path(record_dir), int(kill_at)))
+    record_dir, fault, script, *script_args = argv
+    install(Probe(Path(record_dir), fault))
     atexit.register(leave_process_group)  # the same function object as PretrainTrainer's: registered once
     sys.argv = [script, *script_args]
     here = str(Path(__file__).resolve().parent)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from .launch import RESTARTS
 from .run import Rehearsal
 
 MARK = {"passed": "passed", "failed": "FAILED", "not run": "not run"}
@@ -21,6 +22,11 @@ def header(rehearsal: Rehearsal) -> list[str]:
         f"steps      {rehearsal.request.steps}, checkpoints every {rehearsal.request.save_steps}, "
         f"rank {topology.processes - 1} killed in step {rehearsal.request.kill_at}",
     ]
+    if rehearsal.request.recovery:
+        lines.append(
+            f"recovery   the restarted and hung runs allow one restart ({' '.join(RESTARTS)}) and resume with "
+            "--resume_from_checkpoint auto"
+        )
     lines += [f"changed    {note}" for note in rehearsal.notes]
     return lines
 

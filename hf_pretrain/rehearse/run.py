@@ -6,13 +6,18 @@
 2. killed: the same launch in another folder; the last rank SIGKILLs itself in step `kill_at`; the
    launch must tear down; its checkpoints must be complete;
 3. resumed: the same launch again from the killed run's newest checkpoint
-   (`--resume_from_checkpoint PATH`): the same samples and the same losses as the straight run.
+   (`--resume_from_checkpoint PATH`): the same samples and the same losses as the straight run;
+4. restarted: the launch with one restart allowed and `--resume_from_checkpoint auto`; the last rank SIGKILLs
+   itself in step `kill_at` of the first attempt: the launcher must restart it and the run resume by itself;
+5. hung: the same, the last rank SIGSTOPs itself instead: the hang watchdog must notice (its timeouts shortened
+   to `HANG_FLAGS`), the launcher restart, the run resume.
 Each run's ranks write their records (probe.py) under OUT/runs/<run>/probe, the launch's output in
 OUT/runs/<run>/launch.log, the script's output_dir is OUT/runs/<run>/run.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -28,7 +33,9 @@ from .launch import (
     UserLaunch,
     build_deepspeed_ops,
     launch_commands,
+    read_records,
     rehearsal_config,
+    restart_environment,
     run_launch,
 )
 from .shrink import script_arguments, write_tiny_model
@@ -45,6 +52,7 @@ class RehearsalRequest:
     keep_model: bool = False
     dataset_path: str | None = None
     timeout_s: float = 300.0
+    recovery: bool = True  # the restarted and hung runs
 
     def __post_init__(self):
         if self.save_steps < 1 or self.steps < 2 * self.save_steps:
@@ -70,7 +78,13 @@ class Rehearsal:
         return all(check.status == "passed" for check in self.checks)
 
 
-def _run(request: RehearsalRequest, topology: Topology, name: str, run_dir: Path, kill_at: int, extra=()):
+# The hung run's watchdog: a stopped rank noticed within seconds, not the default minutes (steps here take well
+# under a second; the floor covers start-up and saves).
+HANG_FLAGS = ["--hang_timeout_min_s", "20", "--hang_timeout_floor_s", "120"]
+
+
+def _run(request: RehearsalRequest, topology: Topology, name: str, run_dir: Path, kill_at, extra=(), restarts=False):
+    """One launch; with `restarts` it may run twice (a restart after the fault), so it gets twice the time."""
     folder = request.out / "runs" / name
     args, _ = script_arguments(
         request.launch.script_args,
@@ -83,8 +97,27 @@ def _run(request: RehearsalRequest, topology: Topology, name: str, run_dir: Path
         request.dataset_path,
     )
     target = [str(PROBE), str(folder / "probe"), str(kill_at), str(request.launch.script), *args, *extra]
-    commands = launch_commands(topology, request.out / "accelerate_config.yaml", target)
-    return run_launch(name, commands, folder / "probe", folder / "launch.log", topology.processes, request.timeout_s)
+    commands = launch_commands(topology, request.out / "accelerate_config.yaml", target, restarts)
+    env = restart_environment(topology) if restarts else None
+    timeout = request.timeout_s * (2 if restarts else 1)
+    return run_launch(name, commands, folder / "probe", folder / "launch.log", topology.processes, timeout, env=env)
+
+
+def _recovery_runs(request: RehearsalRequest, topology: Topology) -> list[RunResult]:
+    """The restarted and hung runs; each RunResult's records are its last attempt's, `fault` the planted one."""
+    runs = []
+    for name, kind, extra in (("restarted", "kill", []), ("hung", "stop", HANG_FLAGS)):
+        run_dir = request.out / "runs" / name / "run"
+        flags = ["--resume_from_checkpoint", "auto", *extra]
+        run = _run(request, topology, name, run_dir, f"restart-{kind}:{request.kill_at}", flags, restarts=True)
+        probe = request.out / "runs" / name / "probe"
+        attempts = sorted(probe.glob("attempt*"), key=lambda p: int(p.name.removeprefix("attempt")))
+        run.records = read_records(attempts[-1]) if attempts else []
+        run.attempts = len(attempts)
+        fault = probe / "fault.json"
+        run.fault = json.loads(fault.read_text()) if fault.exists() else None
+        runs.append(run)
+    return runs
 
 
 def rehearse(request: RehearsalRequest) -> Rehearsal:
@@ -116,6 +149,8 @@ def rehearse(request: RehearsalRequest) -> Rehearsal:
         resumed_from = int(newest[0].name.split("-")[1])
         resumed = _run(request, topology, "resumed", killed_dir, 0, ["--resume_from_checkpoint", str(newest[0])])
         rehearsal.runs.append(resumed)
+    recovery = _recovery_runs(request, topology) if request.recovery else []
+    rehearsal.runs += recovery
     rehearsal.checks = [
         checks.rendezvous(straight, topology),
         checks.data_sharding(straight, topology),
@@ -123,5 +158,11 @@ def rehearse(request: RehearsalRequest) -> Rehearsal:
         checks.resume(straight, resumed, resumed_from),
         checks.consolidated_save(straight, topology, out),
     ]
+    if recovery:
+        restarted, hung = recovery
+        rehearsal.checks += [
+            checks.unattended_recovery(straight, restarted, request.kill_at),
+            checks.hang_recovery(straight, hung, request.kill_at),
+        ]
     rehearsal.seconds = time.time() - start
     return rehearsal

@@ -9,10 +9,11 @@ import yaml
 
 from hf_pretrain import get_preset
 from hf_pretrain.rehearse import RehearsalRequest, rehearse
-from hf_pretrain.rehearse.checks import data_sharding, resume
+from hf_pretrain.rehearse.checks import data_sharding, hang_recovery, resume, unattended_recovery
 from hf_pretrain.rehearse.launch import RunResult, parse_launch, read_launch_file, rehearsal_config
 from hf_pretrain.rehearse.report import checklist, write_markdown
 from hf_pretrain.rehearse.shrink import flag_value, script_arguments, tiny_config
+from hf_pretrain.training.recovery.attempts import Attempt, write_attempts
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "accelerate_configs"
@@ -122,13 +123,39 @@ def test_resume_fails_on_other_samples_then_on_other_losses():
     assert resume(straight, same, 1).status == "passed"
 
 
-# Real rehearsals: 3 launches of 2 gloo processes each, about 2 minutes apiece on 2 cores
+def test_recovery_passes_when_the_restarted_run_resumes_exactly_and_names_what_failed_otherwise(tmp_path):
+    straight = _run([_record(0, {1: [0, 1], 2: [4, 5]}), _record(1, {1: [2, 3], 2: [6, 7]})])
+    resumed = [_record(0, {2: [4, 5]}, {"2": 2.0}, start_step=1), _record(1, {2: [6, 7]}, {"2": 2.0}, start_step=1)]
+    restarted = _run(resumed, "restarted")
+    restarted.attempts, restarted.fault = 2, {"rank": 1, "step": 2, "kind": "kill"}
+    check = unattended_recovery(straight, restarted, 2)
+    assert check.status == "passed" and "resumed by itself" in check.detail and "resumed at step 1" in check.detail
+    restarted.attempts = 1  # the launch ended with the first attempt: no restart allowed, or no rendezvous
+    check = unattended_recovery(straight, restarted, 2)
+    assert check.status == "failed" and "did not restart" in check.detail and "--max_restarts" in check.fix
+    restarted.attempts, restarted.records = 2, [{**r, "start_step": 0} for r in resumed]
+    assert "started again at step 0" in unattended_recovery(straight, restarted, 2).detail  # no auto resume
+    hung = RunResult("hung", [0], 1.0, tmp_path / "hung" / "launch.log", resumed, attempts=2)
+    hung.fault = {"rank": 1, "step": 2, "kind": "stop"}
+    check = hang_recovery(straight, hung, 2)  # no attempt record: nothing noticed the hang
+    assert check.status == "failed" and "nothing noticed the hang" in check.detail and "watchdog" in check.fix
+    write_attempts(
+        tmp_path / "hung" / "run", [Attempt(0, 0.0, 0, 2, "hang: ... rank 1 stopped reporting ..."), Attempt(1, 1.0, 1)]
+    )
+    (tmp_path / "hung" / "run" / "recovery" / "stacks-rank0-step2.txt").write_text("")
+    check = hang_recovery(straight, hung, 2)
+    assert check.status == "passed" and "named the stopped rank and dumped stacks-rank0-step2.txt" in check.detail
 
 
-def rehearsal(tmp_path, monkeypatch, config: Path, script: str = "examples/pretrain.py", *script_args: str):
+# Real rehearsals: 3 launches of 2 gloo processes each, about 2 minutes apiece on 2 cores (5 with recovery)
+
+
+def rehearsal(
+    tmp_path, monkeypatch, config: Path, script: str = "examples/pretrain.py", *script_args: str, recovery=False
+):
     monkeypatch.chdir(ROOT)
     launch = parse_launch(["--config_file", str(config), script, *script_args])
-    request = RehearsalRequest(launch, out=tmp_path, steps=6, save_steps=2, kill_at=5, timeout_s=400)
+    request = RehearsalRequest(launch, out=tmp_path, steps=6, save_steps=2, kill_at=5, timeout_s=400, recovery=recovery)
     result = rehearse(request)
     write_markdown(result)
     print(checklist(result))  # with -s: the checklist as the command prints it
@@ -155,6 +182,16 @@ def test_the_shipped_configs_pass(tmp_path, monkeypatch, config):
     assert len(checks) == 6
     if config == "two_nodes.yaml":
         assert "2 ranks on 2 node(s)" in checks["rendezvous"].detail
+
+
+@EXHAUSTIVE
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_killed_and_a_hung_rank_recover_unattended(tmp_path, monkeypatch):
+    result, checks = rehearsal(tmp_path, monkeypatch, CONFIGS / "cpu_2proc.yaml", recovery=True)
+    assert result.passed, "\n".join(f"{c.name}: {c.status}: {c.detail} {c.fix}" for c in checks.values())
+    assert "resumed by itself" in checks["kill -9, unattended restart"].detail
+    assert "named the stopped rank" in checks["hung rank, watchdog restart"].detail
 
 
 @EXHAUSTIVE
