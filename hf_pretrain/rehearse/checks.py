@@ -141,7 +141,14 @@ def checkpoint(killed: RunResult, topology: Topology, save_steps: int) -> Check:
     expected = [f"checkpoint-{s}" for s in range(save_steps, killed.killed["step"], save_steps)]
     found = checkpoints_newest_first(run_dir)
     names = sorted((p.name for p in found), key=lambda n: int(n.split("-")[1]))
-    if names != expected:
+    in_flight = ""
+    if expected and names == expected[:-1] and (run_dir / ".saving" / expected[-1]).is_dir():
+        in_flight = (  # an asynchronous save still being written: the kill leaves the one before as the newest
+            f" ({expected[-1]} was still being written in the background at the kill: never renamed into place, "
+            f"so a resume takes {names[-1] if names else 'step 0'})"
+        )
+        expected = expected[:-1]
+    if names != expected or not found:
         return Check(
             name,
             "failed",
@@ -152,7 +159,7 @@ def checkpoint(killed: RunResult, topology: Topology, save_steps: int) -> Check:
     result = check_checkpoint(found[0], topology.processes, deepspeed=deepspeed, fsdp=fsdp)
     if not result.ok:
         return Check(name, "failed", f"{found[0].name} cannot be resumed: {'; '.join(result.problems)}", "")
-    return Check(name, "passed", f"{', '.join(names)} written; {found[0].name} complete and readable")
+    return Check(name, "passed", f"{', '.join(names)} written; {found[0].name} complete and readable{in_flight}")
 
 
 def kill_and_teardown(killed: RunResult) -> Check:

@@ -5,10 +5,10 @@ Usage: python tests/distributed/resume_run.py OUTPUT_DIR PER_DEVICE_BATCH
 44 rows at a global micro-batch of 12: every epoch ends with a short batch that accelerate (even_batches)
 completes with the epoch's first samples. Checkpoints every 3 steps, 15 steps, one dataloader worker,
 spawned once per run (forked by a rank it can hang: hf_pretrain/training/processes.py).
-`kill:STEP` SIGKILLs rank 1 at the end of STEP (a lost node); `resume` continues from the newest
-checkpoint. The `restart-` modes are launched with restarts allowed and resume with "auto"; their fault
-happens in the first attempt only: `restart-kill-in-write:STEP` holds rank 1's background write of
-checkpoint-STEP open and SIGKILLs rank 1 at the end of the next step (the write still open);
+`kill:STEP` SIGKILLs rank 1 at the end of STEP (a lost node), once the checkpoints due are in place; `resume`
+continues from the newest checkpoint. The `restart-` modes are launched with restarts allowed and resume with
+"auto"; their fault happens in the first attempt only: `restart-kill-in-write:STEP` holds rank 1's background
+write of checkpoint-STEP open and SIGKILLs rank 1 at the end of the next step (the write still open);
 `restart-stop:STEP` SIGSTOPs rank 1 at the end of STEP (a hung rank: the watchdog must catch it).
 Writes OUTPUT_DIR/losses-<run>-rank<r>.json with the loss of every step (run: straight, killed, resumed,
 restarted<attempt>) and OUTPUT_DIR/fault.json with the rank, step and kind of the fault.
@@ -30,7 +30,7 @@ from hf_pretrain.training.recovery.attempts import restart_count
 from tests.conftest import quick_args
 from tests.training.faults import WriteFault, WriteFaultTrainer
 
-ROWS, SEQ, STEPS = 44, 32, 15
+ROWS, SEQ, STEPS, SAVE_STEPS = 44, 32, 15, 3
 
 
 class Record(TrainerCallback):
@@ -46,10 +46,14 @@ class Record(TrainerCallback):
         if self.fault is None or args.process_index != 1 or state.global_step != self.fault[1]:
             return
         kind = self.fault[0]
-        if kind == "kill-in-write":  # the write held open since the save before this step
-            deadline = time.monotonic() + 120
-            while not self.marker.exists() and time.monotonic() < deadline:
-                time.sleep(0.01)
+        # kill: once the checkpoints due are in place (saves are asynchronous); kill-in-write: while the write of the
+        # save before this step is held open
+        due_step = (state.global_step - 1) // SAVE_STEPS * SAVE_STEPS
+        due = Path(args.output_dir) / f"checkpoint-{due_step}" if due_step else None
+        ready = {"kill": due, "kill-in-write": self.marker}.get(kind)
+        deadline = time.monotonic() + 120
+        while ready is not None and not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         fault = {
             "rank": 1,
             "step": state.global_step,
@@ -72,7 +76,7 @@ def main(output_dir: str, per_device: int, mode: str = "", deepspeed: str | None
         telemetry=False,
         seed=0,
         save_strategy="steps",
-        save_steps=3,
+        save_steps=SAVE_STEPS,
         dataloader_num_workers=1,
         dataloader_multiprocessing_context="spawn",
         dataloader_persistent_workers=True,

@@ -233,11 +233,11 @@ class Checkpointing:
             self.background.raise_if_failed()
 
     def finish(self) -> None:
-        """The save in flight completes (or raises) before `train()` returns; the host copy is freed."""
+        """The save in flight completes (or raises) before `train()` returns; the host copy is freed (the choice of
+        asynchronous saves and the checkpointer's group stay for the next `train()`)."""
         if self.background is not None:
             self.background.close()
             self.background.raise_if_failed()
-            self.background = None
 
     def _write_failed(self, name: str, staged: str, run_dir: str, error: BaseException | None, failed: list[int]):
         """The error the next step raises for a failed background write; the half-written folder goes."""
