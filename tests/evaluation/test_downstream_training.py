@@ -63,6 +63,8 @@ def test_figures_reach_the_logs_and_the_cost_stays_out_of_the_history(trained, c
             assert all(isinstance(record[f"downstream/{task}/{m}"], float) for m in FIGURES)
         assert record["downstream/seconds"] > 0 and 0 < record["downstream/time_share"] < 1
     assert "downstream/prepare_seconds" in logged[0] and "downstream/prepare_seconds" not in logged[1]
+    # timed as evaluations (goodput, and the hang watchdog's floor), not as training steps
+    assert logged[-1]["goodput_eval_s"] >= sum(r["downstream/seconds"] for r in logged) > 0
     history = [h for h in trainer.state.log_history if "downstream/centered" in h]
     assert [h["step"] for h in history] == [2, 4]
     assert not any(k.startswith(("downstream/seconds", "downstream/time_share")) for h in history for k in h)

@@ -54,6 +54,7 @@ class DownstreamEvalCallback(PretrainCallback):
             at_end=s["downstream_at_end"],
             batch_tokens=s["downstream_batch_tokens"],
             autocast=trainer.autocast_smart_context_manager,
+            phase=getattr(getattr(trainer, "recovery", None), "phase", None),
         )
 
     def __init__(
@@ -68,12 +69,14 @@ class DownstreamEvalCallback(PretrainCallback):
         autocast=None,
         seed: int = 1234,
         data_dir: str | None = None,
+        phase=None,
     ):
         if every_n_steps < 0 or (every_n_steps == 0 and not at_end):
             raise ValueError("downstream_every must be >= 1 (or 0 with downstream_at_end: evaluate only at the end).")
         self.tasks, self.every_n_steps, self.examples, self.shots = tasks, every_n_steps, examples or None, shots
         self.tokenizer, self.at_end, self.batch_tokens, self.seed = tokenizer, at_end, batch_tokens, seed
         self.autocast, self.data_dir = autocast, data_dir
+        self.phase = phase  # PretrainTrainer's recovery.phase: the hang watchdog's floor, goodput's evaluations
         self.evaluator: DownstreamEvaluator | None = None
         self.history: list[tuple[int, DownstreamResult]] = []  # rank 0
         self.last: DownstreamResult | None = None  # every rank
@@ -115,12 +118,13 @@ class DownstreamEvalCallback(PretrainCallback):
             return
         self._last_step = state.global_step
         control.should_log = True  # every rank: the figures get a log at this very step
-        result = self.evaluator.evaluate(
-            model,
-            args.device,
-            sharded=is_sharded(model, args) and args.world_size > 1,
-            autocast=self.autocast or contextlib.nullcontext,
-        )
+        with self.phase("eval") if self.phase else contextlib.nullcontext():
+            result = self.evaluator.evaluate(
+                model,
+                args.device,
+                sharded=is_sharded(model, args) and args.world_size > 1,
+                autocast=self.autocast or contextlib.nullcontext,
+            )
         self.seconds.append(result.seconds)
         self.last = result
         if not state.is_world_process_zero:
