@@ -36,6 +36,14 @@ def test_resume_benchmark_agrees_on_the_next_batch_and_prints_ratios(capsys):
 
 
 @pytest.mark.slow
+def test_async_checkpoint_benchmark_times_the_stall_of_both_kinds_of_save(tmp_path, capsys):
+    sizes = ["--layers", "1", "--hidden", "64", "--vocab", "512", "--rounds", "1", "--steps", "6", "--save-every", "2"]
+    results = load("async_checkpoint").main([*sizes, "--out", str(tmp_path)])
+    assert len(results["async"]) == len(results["sync"]) == 2 and len(results["ratio"]) == len(results["first"]) == 1
+    assert "stall async / sync, saves after a run's first: median" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_data_pipeline_benchmark_runs_every_step(tmp_path, capsys):
     rates = load("data_pipeline").main(
         ["--mb", "0.3", "--vocab-size", "400", "--seq-len", "128", "--workdir", str(tmp_path)]
