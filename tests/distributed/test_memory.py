@@ -249,6 +249,7 @@ CASES = {
 
 
 @pytest.mark.early
+@pytest.mark.exhaustive  # 4 measured runs; make test: the estimate against ZeRO-3's live tensors below
 def test_estimate_matches_measured_cpu_peak():
     # glibc's malloc raises its mmap threshold after the first large frees, so later tensors up to 32 MB come from
     # a heap it never returns: with the default, RSS peaks 10-12 % above the live tensors (docs/memory.md). A fixed

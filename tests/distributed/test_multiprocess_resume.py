@@ -56,6 +56,7 @@ def straight(tmp_path_factory):
     return out
 
 
+@pytest.mark.exhaustive  # make test: the kill -9 below, resumed unattended across the same epoch ends, bit for bit
 def test_killed_rank_resumes_every_loss_exactly_across_uneven_epoch_ends(tmp_path, straight):
     reference = losses(straight, "straight")
     assert sorted(reference) == list(range(1, 16))

@@ -240,6 +240,7 @@ def test_under_sharding_the_rank_slow_in_its_linears_is_named(tmp_path, engine):
 
 
 @pytest.mark.distributed
+@pytest.mark.exhaustive  # make test: the rule on jittered healthy timelines of every engine (above)
 def test_two_balanced_cpu_ranks_and_one_process_are_quiet(tmp_path):
     # Two equal ranks sharing two cores with whatever else runs here: a score of 0.5 (one rank twice as slow) is
     # a straggler, the jitter of a busy machine is not (medians over 8 steps)

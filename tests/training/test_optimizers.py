@@ -174,6 +174,7 @@ PretrainTrainer(model=PretrainForCausalLM(small_config()), args=args)
 NO_CPU_FSDP = "accelerate 1.15 enables FSDP only for GPU-like devices (not MULTI_CPU): the logic test below covers CPU"
 
 
+@pytest.mark.exhaustive  # a DeepSpeed engine under torchrun; make test: the refusal's logic test below
 @pytest.mark.parametrize(
     "kind",
     ["deepspeed", pytest.param("fsdp", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CPU_FSDP))],
