@@ -104,6 +104,7 @@ def site_without(packages: set[str], dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.exhaustive  # make test: the dry run with every package present (above)
 def test_without_datasets_and_torchao_only_their_checks_are_skipped(tmp_path):
     site = site_without({"datasets", "torchao", "deepspeed"}, tmp_path / "site")
     env = {"PYTHONPATH": str(site)}  # not even hf_pretrain: the script finds this checkout itself

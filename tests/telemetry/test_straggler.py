@@ -202,7 +202,8 @@ def launch(tmp_path, nproc, slow=None, accumulation=1, threshold=0.75, steps=8, 
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("accumulation", [1, pytest.param(4, marks=pytest.mark.exhaustive)])
+@pytest.mark.exhaustive  # make test: the DDP rule on two real ranks in tests/test_gpu_check.py's dry run (straggler_2proc)
+@pytest.mark.parametrize("accumulation", [1, 4])
 def test_two_cpu_ranks_the_slow_one_is_named(tmp_path, accumulation):
     records, proc = launch(tmp_path, 2, slow="1:0.1", accumulation=accumulation)
     flagged = [r for r in records if "straggler_warning" in r]
