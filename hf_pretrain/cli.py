@@ -217,8 +217,12 @@ def rehearse_cli(argv: list[str]) -> int:
 
 def eval_cli(argv: list[str]) -> int:
     from .evaluation.downstream.cli import cli
+    from .evaluation.downstream.data import MissingTaskData
 
-    return cli(argv)
+    try:
+        return cli(argv)
+    except MissingTaskData as err:  # a FileNotFoundError whose message names the install command: one error line
+        raise ValueError(str(err)) from err
 
 
 def data_cli(argv: list[str]) -> int:

