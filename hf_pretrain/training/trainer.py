@@ -134,7 +134,8 @@ class PretrainTrainer(TrainerPrivateOverrides):
             while True:
                 self.data_position.resume(saved)
                 output = super().train(checkpoint, *args, **kwargs)
-                self.checkpointing.finish()  # the last background save complete (or raised) before train() returns
+                with self.recovery.phase("checkpoint"):  # the watchdog's save floor while the last write ends
+                    self.checkpointing.finish()  # the last background save complete (or raised) before train() returns
                 guard = self.loss_guard
                 if guard is None or guard.rollback_from is None:
                     wait_for_everyone(self.accelerator)  # ranks leave train() together (a probe on rank 0 may lag)

@@ -14,6 +14,7 @@ from transformers import TrainerCallback
 
 from hf_pretrain import PretrainForCausalLM, PretrainTrainer, get_preset
 from hf_pretrain.telemetry.jsonl import read_jsonl
+from hf_pretrain.training.recovery import room
 from hf_pretrain.training.recovery.attempts import (
     KILLED,
     REFUSED,
@@ -24,6 +25,7 @@ from hf_pretrain.training.recovery.attempts import (
 )
 from hf_pretrain.training.recovery.watchdog import HANG_EXIT_CODE, HangWatchdog, WatchdogSettings, heartbeat_path
 from tests.conftest import quick_args
+from tests.training.faults import WriteFault, WriteFaultTrainer
 
 
 def attempt(restart, step, ended=KILLED, resumed=0):
@@ -110,7 +112,9 @@ def test_the_watchdog_waits_out_a_long_save_and_times_steps_again_after_it(tmp_p
 STEPS = 8
 
 
-def train(out, resume="auto", fail_at=None, limit=3, telemetry=False, callbacks=()):
+def train(
+    out, resume="auto", fail_at=None, limit=3, telemetry=False, callbacks=(), trainer_class=PretrainTrainer, **extra
+):
     torch.manual_seed(0)
     data = torch.randint(3, 500, (64, 16), generator=torch.Generator().manual_seed(1))
     args = quick_args(
@@ -124,6 +128,7 @@ def train(out, resume="auto", fail_at=None, limit=3, telemetry=False, callbacks=
         save_strategy="steps",
         save_steps=2,
         restart_same_failure_limit=limit,
+        **extra.pop("args", {}),
     )
     model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=1))
 
@@ -133,7 +138,7 @@ def train(out, resume="auto", fail_at=None, limit=3, telemetry=False, callbacks=
                 raise RuntimeError(f"injected at step {fail_at}")
 
     dataset = Dataset.from_dict({"input_ids": data.tolist(), "labels": data.tolist()})
-    trainer = PretrainTrainer(model=model, args=args, train_dataset=dataset, callbacks=[Fail(), *callbacks])
+    trainer = trainer_class(model=model, args=args, train_dataset=dataset, callbacks=[Fail(), *callbacks], **extra)
     return trainer.train(resume_from_checkpoint=resume)
 
 
@@ -156,6 +161,22 @@ def test_auto_starts_then_resumes_after_a_failure_and_goodput_counts_the_loss(tm
     assert last["goodput_restart_s"] >= second.started - first.end_time  # at least the relaunch
     spent = sum(last[f"goodput_{kind}_s"] for kind in ("productive", "checkpoint", "eval", "restart"))
     assert 0 < last["goodput"] < 1 and last["goodput_checkpoint_s"] > 0 and spent <= last["goodput_wall_s"]
+
+
+def test_the_watchdog_waits_out_the_last_background_write_after_the_last_step(tmp_path, monkeypatch):
+    exits = []
+
+    def watched(*args, **kwargs):
+        exits.append(FakeExit())
+        return HangWatchdog(*args, exit=exits[-1], **kwargs)
+
+    monkeypatch.setattr(room, "HangWatchdog", watched)
+    timeouts = {"hang_watchdog": True, "hang_timeout_min_s": 0.3, "hang_timeout_factor": 1.0}
+    slow = WriteFault("slow", seconds=3.0)  # the final save's write outlasts the step timeout tenfold
+    train(tmp_path, trainer_class=WriteFaultTrainer, write_fault=(STEPS, 0, slow), args=timeouts)
+    assert (tmp_path / f"checkpoint-{STEPS}" / "write-fault.pt").exists()
+    assert exits and not exits[0].called.is_set()  # waited under the save floor, not timed as a step
+    assert read_attempts(tmp_path)[-1].ended == "finished"
 
 
 def test_the_same_failure_at_the_same_step_stops_the_restarts(tmp_path, monkeypatch):
