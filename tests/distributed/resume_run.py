@@ -46,11 +46,11 @@ class Record(TrainerCallback):
         if self.fault is None or args.process_index != 1 or state.global_step != self.fault[1]:
             return
         kind = self.fault[0]
-        # kill: once the checkpoints due are in place (saves are asynchronous); kill-in-write: while the write of the
-        # save before this step is held open
+        # kill, stop: once the checkpoints due are in place (saves are asynchronous); kill-in-write: while the write
+        # of the save before this step is held open
         due_step = (state.global_step - 1) // SAVE_STEPS * SAVE_STEPS
         due = Path(args.output_dir) / f"checkpoint-{due_step}" if due_step else None
-        ready = {"kill": due, "kill-in-write": self.marker}.get(kind)
+        ready = {"kill": due, "stop": due, "kill-in-write": self.marker}.get(kind)
         deadline = time.monotonic() + 120
         while ready is not None and not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
