@@ -44,6 +44,7 @@ from hf_pretrain.modeling.attention import Environment, plan_attention
 from hf_pretrain.precision import high_precision
 from hf_pretrain.presets import PRESETS, load_config
 from hf_pretrain.training.resume.check import CheckpointError
+from hf_pretrain.training.resume.checkpointing import find_resume_checkpoint
 
 PROMPTS = ("The for statement", "A class definition", "If 5x + 3 = 13, then x is")
 
@@ -350,13 +351,39 @@ def check_arguments(
         env = Environment.detect(args.device, getattr(torch, {"bf16": "bfloat16"}.get(dtype, "float32")), training=True)
         plan = plan_attention(config, env, packed=data_args.separate_documents)  # a kernel that cannot run here
         check_run_memory(config, plan, data_args.seq_len, args)
+        check_resume(args)
+
+
+def sharding(args: PretrainingArguments) -> tuple[bool, bool]:
+    """(DeepSpeed, FSDP): from the flags or from accelerate's launch config."""
+    launched = {k: os.environ.get(f"ACCELERATE_USE_{k}", "").lower() == "true" for k in ("DEEPSPEED", "FSDP")}
+    return bool(args.deepspeed) or launched["DEEPSPEED"], bool(args.fsdp) or launched["FSDP"]
+
+
+def resume_target(args: PretrainingArguments) -> str | bool | None:
+    """--resume_from_checkpoint as the trainer takes it: true/last mean the newest whole checkpoint."""
+    return {"true": True, "last": True}.get(str(args.resume_from_checkpoint).lower(), args.resume_from_checkpoint)
+
+
+def check_resume(args: PretrainingArguments) -> None:
+    """A checkpoint that cannot be resumed, refused before any data work (the trainer checks again at its start)."""
+    resume = resume_target(args)
+    if resume:
+        deepspeed, fsdp = sharding(args)
+        find_resume_checkpoint(
+            resume,
+            args.output_dir,
+            world_size=args.world_size,
+            deepspeed=deepspeed,
+            fsdp=fsdp,
+            save_only_model=args.save_only_model,
+        )
 
 
 def check_run_memory(config: PretrainConfig, plan: dict, seq_len: int, args: PretrainingArguments) -> None:
     """The trainer's memory preflight (hf_pretrain.distributed.memory_preflight) before any data work; under
     DeepSpeed or FSDP the trainer checks it when training starts, once the sharding is known."""
-    launched = (os.environ.get(f"ACCELERATE_USE_{k}") for k in ("DEEPSPEED", "FSDP"))  # set by accelerate's config
-    if args.memory_preflight == "ignore" or args.deepspeed or args.fsdp or "true" in launched:
+    if args.memory_preflight == "ignore" or any(sharding(args)):
         return
     check = check_memory(config, RunShape.of_run(args, config, plan, seq_len), args.device)
     warn = (lambda text: print(f"warning: {text}", file=sys.stderr)) if args.process_index == 0 else (lambda _: None)
@@ -414,7 +441,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{dtype}{f' ({args.precision} recipe)' if args.precision else ''}, {args.world_size} process(es) on "
             f"{args.device.type}, attention {model.config.attention_backend}"
         )
-    resume = {"true": True, "last": True}.get(str(args.resume_from_checkpoint).lower(), args.resume_from_checkpoint)
+    resume = resume_target(args)
     try:  # a checkpoint that cannot be resumed, a run that cannot fit, a full disk: one line each
         result = trainer.train(resume_from_checkpoint=resume)
         trainer.save_model(args.output_dir)

@@ -171,9 +171,12 @@ def test_help_lists_every_flag_without_crashing(capsys):
         (["--dataset_path", "no/such/corpus"], "error: --dataset_path='no/such/corpus' does not exist"),
         (["--per_device_train_batch_size", "0"], "error: --per_device_train_batch_size 0 is invalid: use a whole"),
         (["--gradient_accumulation_steps", "0"], "error: --gradient_accumulation_steps 0 is invalid: use a whole"),
-        (["--learning_rate", "-1"], "error: --learning_rate -1 is invalid: use a positive peak learning rate"),
+        (["--learning_rate", "-1"], "error: --learning_rate -1 is invalid: a learning rate is not negative"),
         (["--output_dir", "FILE"], "error: --output_dir FILE is a file, not a folder: pass a folder path"),
-        (["--seq_len", "100000"], "error: memory preflight: sequences of 100000 tokens x micro-batch 16 (fp32) need"),
+        (
+            ["--seq_len", "100000", "--use_cpu", "True"],  # on a GPU with flash kernels it might fit
+            "error: memory preflight: sequences of 100000 tokens x micro-batch 16 (fp32) need",
+        ),
         pytest.param(
             ["--attention_backend", "flash_attention_2"],
             "error: attention_backend='flash_attention_2' cannot run the full layers here: needs a CUDA GPU",
@@ -214,6 +217,7 @@ def test_a_checkpoint_that_cannot_be_resumed_is_one_error_line(tmp_path, capsys)
         example.main(["--output_dir", str(tmp_path / "run"), *flags, "--resume_from_checkpoint", str(missing)])
     err = capsys.readouterr().err.splitlines()
     assert exit_info.value.code == 2 and err[-1].startswith(f"error: Can't find a valid checkpoint at {missing}")
+    assert not (tmp_path / "run" / "data").exists()  # refused before any data work
 
 
 @pytest.mark.parametrize("content", ["", "\n  \n"])

@@ -378,7 +378,7 @@ class PretrainingArguments(TrainingArguments):
                 raise ValueError(f"--{name} {value} is invalid: use a whole number >= 1 (e.g. --{name} 8).")
         if self.learning_rate < 0:
             raise ValueError(
-                f"--learning_rate {self.learning_rate:g} is invalid: use a positive peak learning rate (e.g. 3e-4)."
+                f"--learning_rate {self.learning_rate:g} is invalid: a learning rate is not negative (e.g. 3e-4; 0 trains nothing)."
             )
         if self.output_dir is not None and os.path.exists(self.output_dir) and not os.path.isdir(self.output_dir):
             raise ValueError(

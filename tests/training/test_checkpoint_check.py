@@ -114,10 +114,13 @@ def test_latest_skips_a_corrupt_checkpoint_says_so_and_resumes_the_whole_one(cop
     assert min(record.losses) == 6  # the first step trained is the one after checkpoint-5
 
 
-@pytest.mark.parametrize("resume", ["latest", "path"])
-def test_a_resume_with_nothing_skipped_says_which_checkpoint_it_reads(copy, capsys, resume):
-    train(copy, resume=True if resume == "latest" else str(copy / "checkpoint-10"))
-    assert f"Resuming from {copy / 'checkpoint-10'}\n" in capsys.readouterr().out
+@pytest.mark.parametrize("resume", ["latest", "path", "auto"])
+def test_a_resume_with_nothing_skipped_says_once_which_checkpoint_it_reads(copy, capsys, caplog, resume):
+    with caplog.at_level(logging.WARNING, logger="hf_pretrain"):
+        train(copy, resume={"latest": True, "path": str(copy / "checkpoint-10"), "auto": "auto"}[resume])
+    said = capsys.readouterr().out.count(f"Resuming from {copy / 'checkpoint-10'}\n")
+    said += caplog.text.count(f"Resuming from {copy / 'checkpoint-10'}, the newest whole checkpoint")
+    assert said == 1
 
 
 def test_latest_with_no_whole_checkpoint_is_an_error(copy):

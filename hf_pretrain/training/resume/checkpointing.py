@@ -29,7 +29,7 @@ from ..loss_guard import LossSpikeError
 from ..processes import wait_for_everyone
 from ..transformers_private import rotation_deferred
 from .background import ASYNC_CHECKPOINT_DEFAULT, HOST_MEMORY_SHARE, BackgroundSaves, CheckpointWriteError, staged_bytes
-from .check import CheckpointError, check_checkpoint, checkpoints_newest_first, explain
+from .check import CheckpointCheck, CheckpointError, check_checkpoint, checkpoints_newest_first, explain
 from .store import (
     checkpoint_name,
     clear_staging,
@@ -41,6 +41,43 @@ from .store import (
 
 logger = logging.get_logger(__name__)
 AUTO = "auto"  # resume_from_checkpoint: the newest whole checkpoint if any, else start
+
+
+def is_auto(resume_from_checkpoint: str | bool | None) -> bool:
+    return isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() == AUTO
+
+
+def find_resume_checkpoint(
+    resume_from_checkpoint: str | bool, output_dir: str, **settings
+) -> tuple[CheckpointCheck | None, list[str]]:
+    """The checkpoint a resume reads and the newer ones skipped (each with why), or `CheckpointError` naming the fix.
+    Reads files only: the example calls it before any data work, the trainer when training starts. `settings`:
+    `check_checkpoint`'s (world_size, deepspeed, fsdp, save_only_model)."""
+    candidates = checkpoints_newest_first(output_dir)
+    if resume_from_checkpoint is not True and not is_auto(resume_from_checkpoint):
+        check = check_checkpoint(resume_from_checkpoint, **settings)
+        if check.ok:
+            return check, []
+        others = (p for p in candidates if p != Path(check.path) and check_checkpoint(p, **settings).ok)
+        newest = next(others, None)
+        raise CheckpointError(  # Trainer's wording first, so code that matches it still does
+            f"Can't find a valid checkpoint at {check.path}: {explain(check)}. Fix: resume from a whole checkpoint"
+            + (f" (the newest one is {newest}, or pass resume_from_checkpoint=True)" if newest else "")
+            + ", or start anew from the weights (from_pretrained) without resume_from_checkpoint."
+        )
+    skipped = []
+    for candidate in candidates:
+        check = check_checkpoint(candidate, **settings)
+        if check.ok:
+            return check, skipped
+        skipped.append(f"{candidate.name}: {explain(check)}")
+    if is_auto(resume_from_checkpoint):
+        return None, skipped
+    found = f" ({' | '.join(skipped)})" if skipped else ""
+    raise CheckpointError(
+        f"No valid checkpoint found in output directory ({output_dir}): no whole checkpoint-N{found}. "
+        "Fix: pass the output_dir of the run to resume, or train without resume_from_checkpoint."
+    )
 
 
 class Checkpointing:
@@ -62,50 +99,28 @@ class Checkpointing:
         if not resume_from_checkpoint:
             return None
         trainer = self.trainer
+        main = trainer.is_world_process_zero()
         settings = dict(
             world_size=trainer.args.world_size,
             deepspeed=trainer.is_deepspeed_enabled,
             fsdp=trainer.is_fsdp_enabled,
             save_only_model=trainer.args.save_only_model,
         )
-        candidates = checkpoints_newest_first(trainer.args.output_dir)
-        auto = isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() == AUTO
-        if resume_from_checkpoint is not True and not auto:
-            check = check_checkpoint(resume_from_checkpoint, **settings)
-            if not check.ok:
-                others = (p for p in candidates if p != Path(check.path) and check_checkpoint(p, **settings).ok)
-                newest = next(others, None)
-                raise CheckpointError(  # Trainer's wording first, so code that matches it still does
-                    f"Can't find a valid checkpoint at {check.path}: {explain(check)}. Fix: resume from a whole checkpoint"
-                    + (f" (the newest one is {newest}, or pass resume_from_checkpoint=True)" if newest else "")
-                    + ", or start anew from the weights (from_pretrained) without resume_from_checkpoint."
-                )
-            self._warn(check)
-            self._say_resuming(check.path)
-            return check.path
-        skipped = []
-        for candidate in candidates:
-            check = check_checkpoint(candidate, **settings)
-            if check.ok:
-                if (skipped or auto) and trainer.is_world_process_zero():
-                    logger.warning(
-                        f"Resuming from {check.path}, the newest whole checkpoint"
-                        + ("; skipped: " + " | ".join(skipped) if skipped else "")
-                    )
-                self._warn(check)
-                if not skipped:
-                    self._say_resuming(check.path)
-                return check.path
-            skipped.append(f"{candidate.name}: {explain(check)}")
+        check, skipped = find_resume_checkpoint(resume_from_checkpoint, trainer.args.output_dir, **settings)
         found = f" ({' | '.join(skipped)})" if skipped else ""
-        if auto:
-            if trainer.is_world_process_zero():
+        if check is None:  # "auto" with nothing whole yet
+            if main:
                 logger.warning(f"No whole checkpoint in {trainer.args.output_dir} yet{found}: starting at step 0.")
             return None
-        raise CheckpointError(
-            f"No valid checkpoint found in output directory ({trainer.args.output_dir}): no whole checkpoint-N{found}. "
-            "Fix: pass the output_dir of the run to resume, or train without resume_from_checkpoint."
-        )
+        if (skipped or is_auto(resume_from_checkpoint)) and main:
+            logger.warning(
+                f"Resuming from {check.path}, the newest whole checkpoint"
+                + ("; skipped: " + " | ".join(skipped) if skipped else "")
+            )
+        else:
+            self._say_resuming(check.path)
+        self._warn(check)
+        return check.path
 
     def _say_resuming(self, path: str) -> None:
         if self.trainer.is_world_process_zero():
