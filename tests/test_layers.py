@@ -145,29 +145,36 @@ def trainer_private_names() -> set[str]:
     return {name for name in methods | attributes if name.startswith("_") and not name.startswith("__")}
 
 
-def _is_trainer_module(node: ast.AST, aliases: set[str]) -> bool:
-    """`node` names the module transformers.trainer (an alias of it, or `transformers.trainer`)."""
+def _transformers_module(node: ast.AST, aliases: dict[str, str]) -> str | None:
+    """The transformers module `node` names (`transformers.trainer`, an alias of `transformers.modeling_utils`,
+    ...), or None."""
     if isinstance(node, ast.Name):
-        return node.id in aliases
-    return (
-        isinstance(node, ast.Attribute)
-        and node.attr == "trainer"
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "transformers"
-    )
+        return aliases.get(node.id)
+    dotted = ast.unparse(node) if isinstance(node, ast.Attribute) else ""
+    parts = dotted.split(".")
+    if len(parts) > 1 and parts[0] == "transformers" and all(part.isidentifier() and part.islower() for part in parts):
+        return dotted  # modules only: `transformers.Trainer.__init__ = ...` patches a public class, not a global
+    return None
+
+
+def _module_aliases(tree: ast.AST) -> dict[str, str]:
+    """`import transformers.X as y` and `from transformers[.P] import x` (a module: lower case): alias -> module."""
+    aliases = {}
+    for node in ast.walk(tree):
+        for alias in getattr(node, "names", ()):
+            if isinstance(node, ast.Import) and alias.name.startswith("transformers.") and alias.asname:
+                aliases[alias.asname] = alias.name
+            from_transformers = isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "transformers"
+            if from_transformers and alias.name.islower():  # a module (classes and constants are not patched here)
+                aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return aliases
 
 
 def private_surface_uses(source: str, private: set[str]) -> list[str]:
-    """Where `source` patches a transformers.trainer global, defines a private Trainer method in a Trainer class
-    or reads / writes a private Trainer attribute (`self._x` of a class that is no Trainer is its own)."""
+    """Where `source` patches a global of a transformers module, defines a private Trainer method in a Trainer
+    class or reads / writes a private Trainer attribute (`self._x` of a class that is no Trainer is its own)."""
     tree = ast.parse(source)
-    aliases = {
-        alias.asname or alias.name
-        for node in ast.walk(tree)
-        for alias in getattr(node, "names", ())
-        if (isinstance(node, ast.Import) and alias.name == "transformers.trainer" and alias.asname)
-        or (isinstance(node, ast.ImportFrom) and node.module == "transformers" and alias.name == "trainer")
-    }
+    aliases = _module_aliases(tree)
     uses = []
 
     def visit(node: ast.AST, in_trainer: bool) -> None:
@@ -180,12 +187,12 @@ def private_surface_uses(source: str, private: set[str]) -> list[str]:
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
         for target in targets:
-            if isinstance(target, ast.Attribute) and _is_trainer_module(target.value, aliases):
-                uses.append(f"line {node.lineno}: assigns transformers.trainer.{target.attr}")
+            if isinstance(target, ast.Attribute) and (module := _transformers_module(target.value, aliases)):
+                uses.append(f"line {node.lineno}: assigns {module}.{target.attr}")
         function = node.func if isinstance(node, ast.Call) else None
         patching = getattr(function, "id", getattr(function, "attr", None)) in PATCHERS
-        if patching and node.args and _is_trainer_module(node.args[0], aliases):
-            uses.append(f"line {node.lineno}: patches transformers.trainer")
+        if patching and node.args and (module := _transformers_module(node.args[0], aliases)):
+            uses.append(f"line {node.lineno}: patches {module}")
         if isinstance(node, ast.Attribute) and node.attr in private:
             own = isinstance(node.value, ast.Name) and node.value.id == "self" and not in_trainer
             if not own:
@@ -213,6 +220,11 @@ def test_the_private_surface_check_can_fail():
     patch = "import transformers.trainer as hf_trainer\nhf_trainer.skip_first_batches = None\n"
     assert private_surface_uses(patch, private) == ["line 2: assigns transformers.trainer.skip_first_batches"]
     assert private_surface_uses("import transformers\nsetattr(transformers.trainer, 'x', 1)\n", private)
+    utils = "import transformers.modeling_utils as m\nm.safe_save_file = None\n"
+    assert private_surface_uses(utils, private) == ["line 2: assigns transformers.modeling_utils.safe_save_file"]
+    imported = "from transformers import modeling_utils\npatched(modeling_utils, 'safe_save_file', None)\n"
+    assert private_surface_uses(imported, private) == ["line 2: patches transformers.modeling_utils"]
+    assert private_surface_uses("import transformers\ntransformers.trainer_utils.x = 1\n", private)
     override = "class T(PretrainTrainer):\n    def _run_epoch(self, **kw):\n        return super()._run_epoch(**kw)\n"
     assert len(private_surface_uses(override, private)) == 2  # the override, and its call of the private method
     assert private_surface_uses("def f(trainer):\n    trainer._save('x')\n", private) == ["line 2: trainer._save"]

@@ -11,6 +11,8 @@ import torch
 
 from hf_pretrain import PretrainTrainer
 
+SLOW_SAVE_STARTED = "slow-save.started"  # written into a held save's folder once its weights are written
+
 
 class LossInjectingTrainer(PretrainTrainer):
     """`inject="3:nan,7:spike"`: the loss of those optimizer steps (1-based) becomes NaN or 50x, once per step, so
@@ -49,6 +51,7 @@ class SlowSaveTrainer(PretrainTrainer):
 
     def _save_optimizer_and_scheduler(self, output_dir):
         if self.slow_save and self.slow_save[0] == self.state.global_step:
+            Path(output_dir, SLOW_SAVE_STARTED).write_text("")  # the weights are written, the optimizer is not
             time.sleep(self.slow_save[1])
         return super()._save_optimizer_and_scheduler(output_dir)
 

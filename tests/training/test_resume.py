@@ -19,6 +19,7 @@ from hf_pretrain import PretrainForCausalLM, PretrainTrainer
 from hf_pretrain.training.resume.sampler import ResumableSampler
 from hf_pretrain.training.resume.store import RUN_STATE_NAME
 from tests.conftest import quick_args, small_config
+from tests.training.faults import SLOW_SAVE_STARTED
 from tests.training.test_trainer import dataset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,10 +156,9 @@ def kill_during_save(output_dir, extras) -> Path:
     process = run_in_process(output_dir, 12, extras, env={"SLOW_SAVE": "10:60"})
     staged = output_dir / (".saving/checkpoint-10" if extras else "checkpoint-10")
     deadline = time.time() + 240
-    while not (staged / "model.safetensors").exists():
+    while not (staged / SLOW_SAVE_STARTED).exists():  # the weights written; the optimizer state not
         assert process.poll() is None and time.time() < deadline, "the run ended before its second save"
-        time.sleep(0.2)
-    time.sleep(0.5)  # the weights are written; the optimizer state is not
+        time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not (staged / "optimizer.pt").exists()
