@@ -278,12 +278,16 @@ def hang_recovery(straight: RunResult, hung: RunResult, kill_at: int) -> Check:
     if isinstance(outcome, Check):
         return outcome
     stacks = sorted(p.name for p in (run_dir / "recovery").glob("stacks-rank*.txt"))
-    named = "stopped reporting" in first
+    stopped = (hung.fault or {}).get("rank")
+    named = f"rank {stopped} (" in first and "stopped reporting" in first
+    said = "named the stopped rank" if named else f"fired but did not name rank {stopped} as the one that stopped"
+    fix = (
+        ""
+        if named
+        else "put output_dir on a file system every node shares: the ranks read each other's heartbeats there"
+    )
     return Check(
-        name,
-        "passed",
-        f"the watchdog {'named the stopped rank' if named else 'fired'} and dumped {', '.join(stacks)}; "
-        + outcome.split("; ", 1)[1],
+        name, "passed", f"the watchdog {said} and dumped {', '.join(stacks)}; " + outcome.split("; ", 1)[1], fix
     )
 
 

@@ -140,11 +140,19 @@ def test_recovery_passes_when_the_restarted_run_resumes_exactly_and_names_what_f
     check = hang_recovery(straight, hung, 2)  # no attempt record: nothing noticed the hang
     assert check.status == "failed" and "nothing noticed the hang" in check.detail and "watchdog" in check.fix
     write_attempts(
-        tmp_path / "hung" / "run", [Attempt(0, 0.0, 0, 2, "hang: ... rank 1 stopped reporting ..."), Attempt(1, 1.0, 1)]
+        tmp_path / "hung" / "run",
+        [Attempt(0, 0.0, 0, 2, "hang: ... rank 0 (vm, pid 9) stopped reporting"), Attempt(1, 1.0, 1)],
     )
     (tmp_path / "hung" / "run" / "recovery" / "stacks-rank0-step2.txt").write_text("")
+    check = hang_recovery(straight, hung, 2)  # recovered, but the rank named is not the one stopped
+    assert "did not name rank 1" in check.detail and "shares" in check.fix
+    write_attempts(
+        tmp_path / "hung" / "run",
+        [Attempt(0, 0.0, 0, 2, "hang: ... rank 1 (vm, pid 9) stopped reporting"), Attempt(1, 1.0, 1)],
+    )
     check = hang_recovery(straight, hung, 2)
     assert check.status == "passed" and "named the stopped rank and dumped stacks-rank0-step2.txt" in check.detail
+    assert check.fix == ""
 
 
 # Real rehearsals: 3 launches of 2 gloo processes each, about 2 minutes apiece on 2 cores (5 with recovery)

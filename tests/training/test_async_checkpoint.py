@@ -25,7 +25,7 @@ STEPS, SAVE_STEPS = 6, 2
 BACKGROUND = background.__file__
 
 
-def run(out, async_checkpoint=True, write_fault=None, callbacks=(), steps=STEPS):
+def run(out, async_checkpoint=True, write_fault=None, callbacks=(), steps=STEPS, **extra):
     torch.manual_seed(0)
     data = torch.randint(3, 500, (48, 16), generator=torch.Generator().manual_seed(1))
     args = quick_args(
@@ -39,6 +39,7 @@ def run(out, async_checkpoint=True, write_fault=None, callbacks=(), steps=STEPS)
         save_strategy="steps",
         save_steps=SAVE_STEPS,
         async_checkpoint=async_checkpoint,
+        **extra,
     )
     model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=1))
     dataset = Dataset.from_dict({"input_ids": data.tolist(), "labels": data.tolist()})
@@ -115,3 +116,19 @@ def test_the_last_save_is_complete_when_train_returns(tmp_path):
     run(tmp_path, write_fault=(STEPS, 0, fault))
     assert (tmp_path / f"checkpoint-{STEPS}" / "write-fault.pt").exists()
     assert not os.path.exists(tmp_path / ".saving")
+
+
+def test_rotation_waits_until_the_newer_checkpoint_is_complete(tmp_path):
+    marker, release, seen = tmp_path / "writing", tmp_path / "release", {}
+
+    class Look(TrainerCallback):  # the write of checkpoint-4 is held open during step 5
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2 * SAVE_STEPS + 1:
+                seen["during"] = sorted(p.name for p in tmp_path.glob("checkpoint-*"))
+                seen["writing"] = marker.exists() and (tmp_path / ".saving" / "checkpoint-4").is_dir()
+                release.write_text("")
+
+    fault = WriteFault("block", marker=str(marker), release=str(release))
+    run(tmp_path, write_fault=(2 * SAVE_STEPS, 0, fault), callbacks=[Look()], save_total_limit=1)
+    assert seen == {"during": ["checkpoint-2"], "writing": True}  # the older one kept while the newer is written
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [f"checkpoint-{STEPS}"]

@@ -109,6 +109,16 @@ def test_the_watchdog_waits_out_a_long_save_and_times_steps_again_after_it(tmp_p
     watchdog.stop()
 
 
+def test_the_heartbeat_carries_each_step_at_once_not_a_poll_later(tmp_path):
+    settings = WatchdogSettings(min_s=300.0, floor_s=300.0, poll_s=60.0)  # no poll would write in this test
+    watchdog = HangWatchdog(tmp_path, 0, 1, settings, exit=FakeExit())
+    watchdog.start(step=0)
+    for step in (1, 2, 3):
+        watchdog.beat(step)
+        wait_for(lambda step=step: json.loads(heartbeat_path(tmp_path, 0).read_text())["step"] == step, 10)
+    watchdog.stop()
+
+
 STEPS = 8
 
 

@@ -1,11 +1,12 @@
 """`HangWatchdog`: a rank that completes no optimizer step within a timeout dumps its stacks and exits.
 
 A rank stuck in a collective (a peer stopped or wedged), a data worker that never answers or a deadlock in the
-step make no error: the job sits there. Each rank runs a thread that wakes every `poll_s`:
+step make no error: the job sits there. Each rank runs a thread that wakes every `poll_s` and at each step:
 - it writes the rank's heartbeat (`OUTPUT_DIR/recovery/heartbeat-rank<r>.json`: the last step, when it ended,
   and `alive`, the thread's own time) so the other ranks can tell who stopped reporting: a rank whose
   heartbeat stopped is stopped (SIGSTOP), dead or stuck holding the interpreter; one that still beats but
-  makes no step waits for someone;
+  makes no step waits for someone; written at each step, it gives a killed attempt's last step exactly (the
+  restart-loop guard compares them);
 - past the timeout without a step it writes every thread's Python stack (`faulthandler`) to
   `stacks-rank<r>-step<s>.txt` (and NCCL's flight recorder where torch keeps one), logs which ranks stopped
   reporting, records the hang in the attempts (`attempts.py`) and exits with `HANG_EXIT_CODE`, so a launcher
@@ -90,10 +91,11 @@ class HangWatchdog:
         self.phase_since = 0.0
         self.fired: str | None = None
         self._stop = threading.Event()
+        self._stepped = threading.Event()  # wakes the watchdog thread to write the new step at once
         self._thread: threading.Thread | None = None
         self._last_activity = time.monotonic()
 
-    # The training thread's side: one clock read per step, nothing written.
+    # The training thread's side: one clock read per step, nothing written (the watchdog thread writes the step).
     def start(self, step: int) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.step, self.step_time, self._last_activity = step, time.time(), time.monotonic()
@@ -107,6 +109,7 @@ class HangWatchdog:
             self.durations.append((now - self._last_activity) / (step - self.step))
             self.steps_timed += 1
         self.step, self.step_time, self._last_activity = step, time.time(), now
+        self._stepped.set()  # the heartbeat carries the step a kill -9 interrupts, not one a poll behind
 
     @contextlib.contextmanager
     def long_phase(self, name: str):
@@ -121,6 +124,7 @@ class HangWatchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        self._stepped.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5 * self.settings.poll_s)
 
@@ -137,7 +141,11 @@ class HangWatchdog:
         return s.min_s, f"the minimum; {s.factor:g} x the median step time {median:.3g} s is less"
 
     def _run(self) -> None:
-        while not self._stop.wait(self.settings.poll_s):
+        while not self._stop.is_set():
+            self._stepped.wait(self.settings.poll_s)
+            self._stepped.clear()
+            if self._stop.is_set():
+                return
             with contextlib.suppress(OSError):
                 self._write_heartbeat()
             timeout, why = self.timeout_s()
