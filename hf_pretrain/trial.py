@@ -52,6 +52,7 @@ COLUMNS = (
     "peak_memory_gib",
     "memory_kind",
     "mfu_spec",
+    "mfu_spec_warning",
     "mfu_measured",
     "mean_power_w",
     "final_loss",
@@ -160,7 +161,9 @@ def run_worker(spec: TrialSpec) -> dict:
         data_collator=PackedDocumentCollator(spec.eos_token_id),
     )
     trainer.train()
-    logs = [h for h in read_jsonl(spec.out_dir) if "loss" in h]  # measured values are not in state.log_history
+    records = read_jsonl(spec.out_dir)
+    logs = [h for h in records if "loss" in h]  # measured values are not in state.log_history
+    withheld = next((h["mfu_spec_warning"] for h in records if "mfu_spec_warning" in h), None)
     measured = [h for h in logs if h["step"] > spec.warmup_steps] or logs
     steps = [h["step_time_s"] for h in measured if "step_time_s" in h]
     mean = lambda key: statistics.fmean(v) if (v := [h[key] for h in measured if key in h]) else None  # noqa: E731
@@ -185,6 +188,7 @@ def run_worker(spec: TrialSpec) -> dict:
         "peak_memory_gib": peak,
         "memory_kind": "CUDA allocator peak" if on_gpu else "process peak RSS",
         "mfu_spec": mean("mfu_spec"),
+        "mfu_spec_warning": withheld,  # why an MFU above 1 was withheld (a peak or a timing that is wrong)
         "mfu_measured": mean("mfu_measured"),
         "mean_power_w": mean("gpu_power_w"),
         "final_loss": final_loss([h["loss"] for h in logs], spec.loss_window),

@@ -338,6 +338,13 @@ def test_refuses_a_trial_without_an_mfu_against_spec(tmp_path):
         trial.write_text(json.dumps(summarize([row], 6, 2, 0.05)))
         with pytest.raises(PlanRefused, match=rf"the {recipe} row has no MFU against a spec peak \(mfu_spec n/a"):
             make_plan(PlanRequest("h100", hours=24, trial=str(trial)))
+    withheld = {**row, "mfu_spec_warning": "mfu_spec 1.7 > 1: the peak is too low or the step timing short"}
+    trial.write_text(json.dumps(summarize([withheld], 6, 2, 0.05)))
+    with pytest.raises(PlanRefused, match=r"MFU was withheld as impossible \(mfu_spec 1.7 > 1"):
+        make_plan(PlanRequest("h100", hours=24, trial=str(trial)))
+    trial.write_text(json.dumps(summarize([{**row, "mfu_spec": 1.4}], 6, 2, 0.05)))  # an older file
+    with pytest.raises(PlanRefused, match=r"mfu_spec 1.4 is not in \(0, 1\]"):
+        make_plan(PlanRequest("h100", hours=24, trial=str(trial)))
 
 
 def test_bad_requests_name_the_flag():

@@ -80,6 +80,15 @@ def _trial_row(path: str, recipe: str | None) -> dict:
     if row is None or row.get("status") != "ok":
         ran = [r for r, row in rows.items() if row.get("status") == "ok"]
         raise PlanRefused(f"--trial {path}: no completed row for recipe {recipe!r} (completed: {ran or 'none'}).")
+    if row.get("mfu_spec_warning"):
+        raise PlanRefused(
+            f"--trial {path}: the {recipe} row's MFU was withheld as impossible ({row['mfu_spec_warning']}). Fix the "
+            "peak or the timing it names and run `hf-pretrain trial` again, or pass --mfu."
+        )
+    if row.get("mfu_spec") and not 0 < row["mfu_spec"] <= 1:
+        raise PlanRefused(
+            f"--trial {path}: the {recipe} row's mfu_spec {row['mfu_spec']:g} is not in (0, 1]; pass --mfu."
+        )
     if not row.get("mfu_spec"):
         raise PlanRefused(
             f"--trial {path}: the {recipe} row has no MFU against a spec peak (mfu_spec n/a: the trial ran on a "
