@@ -37,7 +37,8 @@ def test_trial_command_end_to_end_on_cpu(tmp_path, capsys):
     rows = {r["recipe"]: r for r in result["rows"]}
     assert [r["recipe"] for r in result["rows"]] == ["fp32", "fp8", "te-nvfp4"]  # order kept, nothing dropped
     assert all(set(r) == set(COLUMNS) for r in result["rows"])  # every row has every column
-    measured = [c for c in COLUMNS if c not in ("reason", "mfu_spec", "mfu_measured", "mean_power_w")]
+    unmeasured_here = ("reason", "mfu_spec", "mfu_measured", "mean_power_w", "mfu_spec_warning")
+    measured = [c for c in COLUMNS if c not in unmeasured_here]
     assert all(rows[r][c] is not None for r in ("fp32", "fp8") for c in measured)  # ...filled where it ran
     for recipe in ("fp32", "fp8"):
         row = rows[recipe]
@@ -45,6 +46,7 @@ def test_trial_command_end_to_end_on_cpu(tmp_path, capsys):
         assert row["step_s_p10"] <= row["median_step_s"] <= row["step_s_p90"]
         assert row["peak_memory_gib"] > 0 and row["final_loss"] > 0
         assert row["mfu_spec"] is None and row["mean_power_w"] is None  # a CPU has neither: n/a, never 0
+        assert row["mfu_spec_warning"] is None  # no spec peak, so nothing withheld
     # fp8 on a CPU has no native kernels: marked, no measured ceiling (no fp8 matmul here), never recommended
     assert rows["fp8"]["emulated"] is True and "no fp8 tensor cores" in rows["fp8"]["reason"]
     assert rows["fp8"]["mfu_measured"] is None and rows["fp32"]["mfu_measured"] > 0
