@@ -8,10 +8,12 @@ Each check has a goal and ends `pass`, `fail`, `ran` (a dry run, or a device tha
 goal: the figure is printed, not judged), `skipped: <why>` (a package or a capability is missing:
 "skipped: torchao not installed"), or `error: <what>` (with the traceback's end in the JSON). The
 last line says what could not run and why. A check that reads back what a run measured fails when a
-figure it should have is missing, on a dry run too.
+figure it should have is missing, on a dry run too. gpu_check.json is rewritten after every check
+(`"complete": false` until the last one), so a run killed by a timeout keeps the rows it finished.
 
 | check | what runs | goal (on a GPU) |
 |---|---|---|
+| `device_clock` | `DeviceClock` (CUDA events) around a `torch.cuda._sleep` of known length (calibrated on the host clock, benchmarks/gpu/faults.py), read while the events are still incomplete, directly and through a full `PendingIntervals` | within 10 % of the sleep, no read raises |
 | `mfu_bf16` | `PretrainTrainer`, bf16, the `0.9b` preset on packed rows of 2048 tokens, eager and compiled (`torch_compile_scope="blocks"`); MFU, tokens/s and step time read from the run's telemetry.jsonl | compiled `mfu_spec` >= 0.50 |
 | `fp8_vs_bf16` | the `1.4b` preset, seq 2048, decoder layers compiled, bf16 autocast vs torchao fp8 linears; tokens/s from CUDA events | fp8 / bf16 >= 1.25 |
 | `flex_vs_sdpa` | one sliding-window attention layer (the `0.9b` preset's W = 1024, seq 2048), forward + backward: flex (block-sparse window) vs SDPA with the dense window mask | SDPA time / flex time >= 2 |
@@ -50,6 +52,7 @@ from benchmarks.gpu.common import DRY, Context, Sizes, Skip, free_memory, transf
 
 CHECKS = (
     "env",
+    "device_clock",
     "mfu_bf16",
     "fp8_vs_bf16",
     "flex_vs_sdpa",
@@ -107,6 +110,13 @@ def print_table(rows: list[dict]) -> None:
     print(not_run(rows))
 
 
+def write_report(path: Path, dry_run: bool, rows: list[dict], complete: bool) -> None:
+    """gpu_check.json as it stands: written after every check, so that a run killed mid-way (the one-shot GPU
+    try runs under `timeout`) keeps every row it finished; `complete` says whether every check ran."""
+    report = {"dry_run": dry_run, "time": time.time(), "complete": complete, "checks": rows, "not_run": not_run(rows)}
+    path.write_text(json.dumps(report, indent=2, default=str))
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="tiny configs on the CPU: the same code, no goals")
@@ -131,9 +141,8 @@ def main(argv=None) -> list[dict]:
         rows = []
         for name in names:
             rows.append(run_check(name, ctx))
+            write_report(Path(a.out), a.dry_run, rows, complete=len(rows) == len(names))
             print(f"[{rows[-1]['seconds']:6.1f} s] {name}: {rows[-1]['status']} {rows[-1]['result']}", flush=True)
-    report = {"dry_run": a.dry_run, "time": time.time(), "checks": rows, "not_run": not_run(rows)}
-    Path(a.out).write_text(json.dumps(report, indent=2, default=str))
     print()
     print_table(rows)
     print(f"\nwrote {a.out}")

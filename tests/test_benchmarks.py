@@ -89,3 +89,25 @@ def test_data_scale_benchmark_runs_on_the_local_executor(capsys):
     quality = results[("quality", 2)]
     assert quality["sharded"]["recall"] == quality["one"]["recall"]
     assert "docs/s/core" in capsys.readouterr().out
+
+
+def test_telemetry_overhead_is_the_mean_over_whole_windows_of_sampled_steps():
+    """The callbacks load a few steps on purpose (linears timed on 3 steps of each straggler window, JSONL at the
+    logging steps): the overhead is the mean over whole windows, which counts them, where a median hides them."""
+    module = load("telemetry_overhead")
+    runs = {True: [1.0, 1.0, 1.0, 5.0], False: [1.0, 1.0, 1.0, 1.0]}  # one sampled step 4x dearer
+    result = module.overhead(2, lambda extras: {"wall": runs[extras]})["wall"]
+    assert result["ratio"] == pytest.approx(2.0) and result["round_ratios"] == pytest.approx([2.0, 2.0])
+    assert result["steps"] == 8
+    module.check_whole_windows(40, 20, 10)
+    for steps in (30, 0):  # part of a straggler window; nothing
+        with pytest.raises(ValueError, match="whole number of straggler windows"):
+            module.check_whole_windows(steps, 20, 10)
+
+
+@pytest.mark.slow
+def test_telemetry_overhead_benchmark_times_whole_windows_and_prints_mean_ratios(capsys):
+    args = ["--rounds", "1", "--steps", "4", "--straggler-every", "4", "--logging-steps", "2"]
+    ratio = load("telemetry_overhead").main(args)
+    out = capsys.readouterr().out
+    assert ratio > 0 and "means over whole windows" in out and "4 steps each" in out and "cpu:" in out

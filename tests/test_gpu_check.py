@@ -8,6 +8,7 @@ checks that only the checks needing them are skipped, each saying what to carry.
 """
 
 import ast
+import importlib.util
 import json
 import os
 import re
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 CHECKS = {
     "env",
+    "device_clock",
     "mfu_bf16",
     "fp8_vs_bf16",
     "flex_vs_sdpa",
@@ -45,18 +47,23 @@ def test_dry_run_runs_every_check_and_reads_back_every_figure_on_a_cpu(tmp_path)
     proc = run(["--dry-run", "--out", str(tmp_path / "gpu_check.json")], cwd=tmp_path)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     rows = {row["check"]: row for row in report["checks"]}
-    assert report["dry_run"] is True and set(rows) == CHECKS
+    assert report["dry_run"] is True and report["complete"] is True and set(rows) == CHECKS
     assert not [row for row in rows.values() if row["status"].startswith(("error", "fail"))], rows
     for row in rows.values():
         assert row["goal"] and "seconds" in row and row["status"] and "MISSING" not in row["result"]
-    # the MFU row reads what the runs measured from their telemetry.jsonl, eager and compiled: every figure a CPU
-    # can give is there (mfu_spec needs a chip-table peak, which a CPU has not: named, not blamed on a GPU)
+    # the MFU row reads what the runs measured from their telemetry.jsonl, eager and compiled: every figure, mfu_spec
+    # included (a CPU has no chip-table peak: the runs are given this CPU's ceiling as peak_tflops, and say so)
     mfu = rows["mfu_bf16"]
     assert mfu["details"]["missing"] == [] and "compiled (blocks, eager)" in mfu["result"]
+    assert "not a chip-table peak" in mfu["result"] and mfu["details"]["peak_tflops_given"] > 0
     for name in ("eager", "compiled"):
         figures = mfu["details"][name]
-        assert all(figures[key] > 0 for key in ("mfu_measured", "tokens_per_second", "step_time_s")), figures
-        assert figures["mfu_spec"] is None and figures["peak_tflops_measured"] > 0
+        keys = ("mfu_spec", "mfu_measured", "tokens_per_second", "step_time_s", "peak_tflops_measured")
+        assert all(figures[key] > 0 for key in keys), figures
+    # the carried packages are imported for real, each outcome named; the device clock needs CUDA
+    assert rows["env"]["details"]["imports"]["transformers"] == "ok"
+    assert rows["env"]["details"]["imports"]["datasets"] == "ok"
+    assert rows["device_clock"]["status"].startswith("skipped: no CUDA")
     # what is judged on a CPU too: two CPU ranks, rank 1 slowed inside its linears, are told apart for real by
     # both rules (DDP's compute and the linears' local_s that ZeRO-3 and FSDP2 are judged on)
     straggler = rows["straggler_2proc"]
@@ -82,6 +89,98 @@ def test_dry_run_runs_every_check_and_reads_back_every_figure_on_a_cpu(tmp_path)
     skipped = [name for name, row in rows.items() if row["status"].startswith("skipped")]
     assert report["not_run"].startswith("could not run: ") and report["not_run"] in proc.stdout
     assert all(f"{name} ({rows[name]['status'].split(': ', 1)[1]})" in report["not_run"] for name in skipped)
+
+
+def load_gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_killed_run_keeps_the_rows_it_finished(tmp_path, monkeypatch):
+    """gpu_check.json is written after every row: a run stopped in its third check (the GPU try's `timeout`) has
+    the first two in it, marked incomplete."""
+    gpu_check = load_gpu_check()
+
+    def run_check(name, ctx):
+        if name == "flex_vs_sdpa":
+            raise KeyboardInterrupt  # killed mid-check
+        return {"check": name, "goal": "-", "result": "r", "value": None, "pass": None, "status": "ran", "seconds": 0}
+
+    monkeypatch.setattr(gpu_check, "run_check", run_check)
+    out = tmp_path / "gpu_check.json"
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main(["--dry-run", "--only", "mfu_bf16,flex_vs_sdpa", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert [row["check"] for row in report["checks"]] == ["env", "mfu_bf16"] and report["complete"] is False
+
+
+def test_the_env_row_names_each_failing_import_and_goes_on(tmp_path, monkeypatch):
+    from benchmarks.gpu import env
+
+    (tmp_path / "refusing.py").write_text("raise ImportError('needs pyarrow >= 24, found 19.0')\n")
+    (tmp_path / "half.py").write_text("import not_a_module_anywhere\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert env.try_import("refusing") == "ImportError: needs pyarrow >= 24, found 19.0"
+    assert env.try_import("half").startswith("ModuleNotFoundError: No module named 'not_a_module_anywhere'")
+    assert env.try_import("not_installed_here") == "not installed" and env.try_import("json") == "ok"
+
+
+def test_the_slow_rank_calibrates_its_sleep_when_registered_not_in_the_forward(monkeypatch):
+    """Calibrating inside the first forward would time the sleep while the other rank trains on the same GPU."""
+    from benchmarks.gpu import faults
+
+    calls = []
+    monkeypatch.setattr(faults, "sleep_cycles_per_second", lambda index=0: calls.append(index) or 1e9)
+    monkeypatch.setenv("RANK", "1")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    assert faults.slow_linears(model, 1, 0.01, device="cuda:0") == 2 and calls == [0]  # once, before any forward
+    assert faults.slow_linears(model, 1, 0.01) == 2 and calls == [0]  # a CPU model spins on the host: no kernel
+
+
+class PendingEvent:
+    """A CUDA event on a CPU: incomplete until synchronised; `elapsed_time` raises on an incomplete one, as torch."""
+
+    def __init__(self, at: float):
+        self.at, self.complete = at, False
+
+    def query(self) -> bool:
+        return self.complete
+
+    def synchronize(self) -> None:
+        self.complete = True
+
+    def elapsed_time(self, end: "PendingEvent") -> float:
+        if not (self.complete and end.complete):
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
+        return (end.at - self.at) * 1000.0
+
+
+@pytest.mark.parametrize(
+    "stretch, early, problem",
+    [(1.0, False, None), (1.2, False, "ms for a 50 ms sleep"), (1.0, True, "reading raised RuntimeError: Both events")],
+)
+def test_the_device_clock_row_fails_a_wrong_or_raising_read(monkeypatch, stretch, early, problem):
+    """The row's logic on fake events: a sleep read right passes, one 20 % long fails, and a clock that reads an
+    incomplete event without waiting (the bug the row guards against) fails with torch's error, directly and
+    through a full PendingIntervals."""
+    from benchmarks.gpu import device_clock, faults
+    from hf_pretrain.telemetry.timing import DeviceClock
+
+    now = [0.0]
+    clock = DeviceClock("cpu")
+    clock.cuda, clock.mark = True, lambda: PendingEvent(now[0])
+    if early:
+        clock.seconds = lambda start, end: start.elapsed_time(end) / 1000.0
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    sleep = lambda seconds, device=None: now.__setitem__(0, now[0] + stretch * seconds)  # noqa: E731
+    monkeypatch.setattr(faults, "device_sleep", sleep)
+    for forced in (False, True):
+        reading = device_clock.read_incomplete(clock, 0.05, torch.device("cpu"), forced)
+        assert reading["incomplete"]
+        found = device_clock.judge(reading)
+        assert found is None if problem is None else problem in found, found
 
 
 def test_the_gpu_check_imports_nothing_from_the_tests():

@@ -39,23 +39,29 @@ def device_sleep(seconds: float, device: torch.device | None = None) -> None:
     torch.cuda._sleep(int(sleep_cycles_per_second(index) * seconds))
 
 
-def slow_linears(model: torch.nn.Module, rank: int, seconds: float) -> int:
+def slow_linears(model: torch.nn.Module, rank: int, seconds: float, device: torch.device | str | None = None) -> int:
     """Make the process of global `rank` slower by `seconds` per forward of `model`, spread over its linears.
 
     A forward hook on every `nn.Linear` but the output embedding (the layers the straggler callback times) adds
     `seconds / n` of device sleep (GPU) or host spinning (CPU) after the matmul. Registered before training,
     each hook runs inside the callback's per-linear window. Returns how many linears were slowed (0 on the
-    other ranks)."""
+    other ranks).
+
+    `device`: where the model will train (default: where its weights are now). On a CUDA device the sleep kernel
+    is calibrated here, at registration, and each hook enqueues a fixed cycle count: calibrating lazily, inside
+    the first forward, would time the host clock around a sleep while the other rank trains on the same GPU,
+    read the sleep as longer than it is, and so slow this rank by less than `seconds`."""
     if seconds <= 0 or int(os.environ.get("RANK", "0")) != rank:
         return 0
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
     each = seconds / len(linears)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    cycles = int(sleep_cycles_per_second(device.index or 0) * each) if device.type == "cuda" else 0
 
     def slow(module, args, output):
-        device = module.weight.device
-        if device.type == "cuda":
-            device_sleep(each, device)
+        if module.weight.device.type == "cuda":
+            torch.cuda._sleep(cycles)
             return
         end = time.thread_time() + each
         while time.thread_time() < end:

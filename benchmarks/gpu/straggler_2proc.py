@@ -108,7 +108,7 @@ def worker(workdir: Path, sizes: Sizes, cuda: bool) -> None:
     )
     torch.manual_seed(0)
     model = PretrainForCausalLM(config)
-    slow_linears(model, 1, sizes.straggler_sleep_s)  # rank 1's matmuls are slow (its device on a GPU), its host not
+    slow_linears(model, 1, sizes.straggler_sleep_s, ctx.device)  # rank 1's device slow (calibrated now), its host not
     trainer = PretrainTrainer(
         model=model,
         args=args,

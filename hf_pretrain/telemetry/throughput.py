@@ -53,7 +53,7 @@ from transformers.utils import logging
 from ..callback import PretrainCallback
 from ..chips import spec_tflops
 from ..modeling.accounting import flops_per_token
-from ..precision.recipes import get_recipe
+from ..precision.recipes import TORCHAO, get_recipe
 from .peaks import ceiling_dtype, device_name, matmul_ceiling
 from .timing import DeviceClock, PendingIntervals
 
@@ -74,6 +74,15 @@ def precision_of(args, model=None) -> str:
         return autocast
     linears = (m for m in model.modules() if isinstance(m, nn.Linear)) if isinstance(model, nn.Module) else ()
     return WEIGHT_PRECISIONS.get(next((m.weight.dtype for m in linears), None), "fp32")
+
+
+def torchao_scaling(args) -> str | None:
+    """The torchao float8 recipe the run converts with (`precision_scaling`, `tensorwise` by default as in
+    `apply_precision`), None when the run has no torchao float8 linears: what the fp8 ceiling accumulates like."""
+    recipe = get_recipe(args.precision) if getattr(args, "precision", None) is not None else None
+    if recipe is None or recipe.library is not TORCHAO:
+        return None
+    return getattr(args, "precision_scaling", None) or "tensorwise"
 
 
 def sequence_length(trainer) -> int | None:
@@ -139,7 +148,10 @@ class ThroughputCallback(PretrainCallback):
                     f"with (the {precision} recipe runs emulated here); mfu_spec, tokens/s and step time stand."
                 )
             else:
-                self.measured = matmul_ceiling(args.device, dtype)
+                scaling = torchao_scaling(args)  # the fp8 ceiling accumulates as the recipe's forward GEMM does
+                self.measured = (
+                    matmul_ceiling(args.device, dtype, scaling) if scaling else matmul_ceiling(args.device, dtype)
+                )
         self._once = {
             k: round(v, 2) for k, v in (("peak_tflops_spec", self.spec), ("peak_tflops_measured", self.measured)) if v
         }

@@ -3,7 +3,14 @@
 Before every optimizer step (`on_pre_optimizer_step`) the guard looks at the step's loss (the sum
 of its micro-batch losses, which `PretrainTrainer.training_step` hands over) and at the gradients:
 - a non-finite loss or gradient norm -> the update is skipped (PretrainTrainer's optimizer step
-  is a no-op for that step; the Trainer zeroes the gradients after it), counted and logged;
+  is a no-op for that step; the Trainer zeroes the gradients after it), counted and logged. The
+  gradient test reads the total norm the Trainer has just computed for clipping and for its
+  `grad_norm` log (`Trainer._get_grad_norm`, handed over by PretrainTrainer: `record_grad_norm`):
+  a NaN or inf in any gradient makes that norm non-finite, so one float test replaces a second
+  pass over every gradient (`torch._foreach_norm`, most of the callbacks' cost on a CPU step).
+  Under FSDP that norm is the global one, so every rank decides alike. When no norm was handed
+  over for the step (DeepSpeed, whose engine computes and clips its norm inside its own step; a
+  Trainer without the hook) the guard computes the per-tensor norms itself;
 - a finite loss above `spike_factor` x the median of the last `window` good step losses -> the
   `spike_action`: `log` (record it, train on), `skip` (skip the update like a NaN), `stop` (raise
   `LossSpikeError`, a typed error a launcher can catch), `rollback` (skip the update, end this
@@ -83,6 +90,7 @@ class LossGuardCallback(PretrainCallback):
         self.history: list[float] = []
         self.events: list[dict] = []
         self._losses: list[torch.Tensor] = []
+        self._grad_norm: torch.Tensor | float | None = None  # this step's total norm, when the Trainer gave one
         self._pending: dict = {}
 
     @classmethod
@@ -104,12 +112,14 @@ class LossGuardCallback(PretrainCallback):
     def record_loss(self, loss: torch.Tensor) -> None:
         self._losses.append(loss.detach().float())
 
+    def record_grad_norm(self, norm: torch.Tensor | float | None) -> None:
+        """The step's total gradient norm as the Trainer computed it (before clipping), or None when it has none."""
+        self._grad_norm = norm
+
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         step = state.global_step + 1
         loss = self._step_loss()
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        grads_finite = bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()) if grads else True
-        if not (math.isfinite(loss) and grads_finite):
+        if not (math.isfinite(loss) and self._grads_finite()):
             self._event(args, step, "nonfinite", loss, None, skip=True)
             return
         median = statistics.median(self.history) if len(self.history) >= min(self.window, 5) else None
@@ -131,6 +141,16 @@ class LossGuardCallback(PretrainCallback):
         if self.rollback_from is not None:
             control.should_save = False  # never checkpoint the step that is being rolled back
         return control
+
+    def _grads_finite(self) -> bool:
+        """Whether every gradient of this step is finite: from the Trainer's total norm when it handed one over
+        (read once: the next step needs its own), else from the norm of each gradient."""
+        norm, self._grad_norm = self._grad_norm, None
+        if norm is not None:
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a DTensor norm (FSDP2)
+            return math.isfinite(float(norm))
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()) if grads else True
 
     def _step_loss(self) -> float:
         """This step's loss (sum over its micro-batches), averaged over ranks: one decision for all."""

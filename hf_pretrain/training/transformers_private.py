@@ -30,6 +30,7 @@ PRIVATE_SURFACE = (
     "Trainer._build_accelerator_args",
     "Trainer._track_num_input_tokens",
     "Trainer._get_learning_rate",
+    "Trainer._get_grad_norm",
     "Trainer._save",
     "Trainer._get_train_sampler",
     "Trainer._init_training_state",
@@ -122,6 +123,12 @@ class TrainerPrivateOverrides(Trainer):
     def _get_learning_rate(self):  # loss_guard.py: the logged rate includes a roll-back's scale
         lr = super()._get_learning_rate()
         return lr * self.loss_guard.lr_scale if self.loss_guard is not None else lr
+
+    def _get_grad_norm(self, model, grad_norm=None):  # loss_guard.py: its finite test reads the norm clipping took
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        if self.loss_guard is not None and not self.is_deepspeed_enabled:  # DeepSpeed's is its engine's, not ours
+            self.loss_guard.record_grad_norm(grad_norm)
+        return grad_norm
 
     def _save(self, output_dir: str | None = None, state_dict=None):  # precision: plain weights in every save
         with high_precision(self.model):

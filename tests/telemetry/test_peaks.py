@@ -58,30 +58,61 @@ def test_the_ceiling_is_measured_once_per_device_and_dtype(monkeypatch):
     monkeypatch.setattr(
         peaks,
         "measure_matmul_tflops",
-        lambda device, dtype: calls.append(dtype) or peaks.MeasuredCeiling(1.5, 8, "x", 0.1),
+        lambda device, dtype, scaling=None: calls.append(dtype) or peaks.MeasuredCeiling(1.5, 8, "x", 0.1),
     )
     assert [peaks.matmul_ceiling("cpu", torch.float32) for _ in range(3)] == [1.5] * 3
     peaks.matmul_ceiling("cpu", torch.bfloat16)
     assert calls == [torch.float32, torch.bfloat16]
 
 
-def test_the_fp8_ceiling_accumulates_as_torchao_forward_gemm(monkeypatch):
-    """torchao's float8 forward GEMM uses fast accumulation (its config, read from the installed torchao): the
-    fp8 ceiling is timed with the same setting, not `_scaled_mm`'s default (exact, slower on Hopper)."""
-    from torchao.float8 import Float8LinearConfig
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+def test_the_fp8_ceiling_accumulates_as_the_recipes_forward_gemm(monkeypatch, scaling):
+    """The fp8 ceiling is timed with the forward accumulation of the config the recipe converts with
+    (`Float8LinearConfig.from_recipe_name(scaling)`, as precision/convert.py), not `_scaled_mm`'s default (exact,
+    slower on Hopper) nor a default config's."""
+    float8 = pytest.importorskip("torchao.float8")
+    from types import SimpleNamespace
 
     from hf_pretrain.telemetry import peaks
 
-    calls = []
+    assert float8.Float8LinearConfig.from_recipe_name(scaling).gemm_config_output.use_fast_accum is True
+    calls, names = [], []
 
     def scaled_mm(a, b, **kwargs):
         calls.append(kwargs)
         return torch.zeros(a.shape[0], b.shape[1], dtype=torch.bfloat16)
 
+    def from_recipe_name(name):  # a recipe that accumulates exactly: the ceiling must follow it
+        names.append(name)
+        return SimpleNamespace(gemm_config_output=SimpleNamespace(use_fast_accum=False))
+
     monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
-    peaks.measure_matmul_tflops("cpu", torch.float8_e4m3fn, size=16, seconds=0.0)
-    expected = Float8LinearConfig().gemm_config_output.use_fast_accum
-    assert expected is True and calls and all(c.get("use_fast_accum") is expected for c in calls)
+    monkeypatch.setattr(float8.Float8LinearConfig, "from_recipe_name", from_recipe_name)
+    peaks.measure_matmul_tflops("cpu", torch.float8_e4m3fn, size=16, seconds=0.0, scaling=scaling)
+    assert names == [scaling] and calls and all(c.get("use_fast_accum") is False for c in calls)
+
+
+def test_the_run_times_its_fp8_ceiling_with_its_own_recipe(monkeypatch):
+    """The throughput callback hands the run's torchao recipe (`precision_scaling`, tensorwise by default) to the
+    ceiling; Transformer Engine's fp8 and the non-fp8 runs hand none."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    from hf_pretrain import PretrainForCausalLM
+    from hf_pretrain.telemetry import throughput
+    from tests.conftest import small_config
+
+    measured = []
+    monkeypatch.setattr(throughput, "ceiling_dtype", lambda precision, device: torch.float8_e4m3fn)
+    monkeypatch.setattr(throughput, "matmul_ceiling", lambda device, dtype, *scaling: measured.append(scaling) or 1.0)
+    model = PretrainForCausalLM(small_config())
+    for precision, scaling in (("fp8", "rowwise"), ("fp8", None), ("te-fp8", "current"), ("bf16", None)):
+        run = dict(precision=precision, precision_scaling=scaling)
+        args = SimpleNamespace(device=torch.device("cpu"), world_size=1, bf16=False, fp16=False, **run)
+        callback = throughput.ThroughputCallback(seq_len=32, measure_ceiling=True)
+        callback.on_train_begin(args, TrainerState(), TrainerControl(), model=model)
+    assert measured == [("rowwise",), ("tensorwise",), (), ()]
 
 
 def test_the_ceiling_follows_the_dtype_the_gemms_run_in(monkeypatch):

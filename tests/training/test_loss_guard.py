@@ -125,3 +125,43 @@ def test_rollback_without_a_checkpoint_or_beyond_the_limit_stops(tmp_path, monke
     )
     with pytest.raises(LossSpikeError, match="after 0 roll-backs"):
         trainer.train()
+
+
+def guard_step(guard, norm, grad_value: float) -> bool:
+    """One pre-optimizer check of `guard` on a linear whose gradients are `grad_value`, the Trainer's total norm
+    `norm` handed over (None: none); whether it skipped the update."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    guard.model = torch.nn.Linear(4, 4)
+    for p in guard.model.parameters():
+        p.grad = torch.full_like(p, grad_value)
+    guard.record_loss(torch.tensor(1.0))
+    guard.record_grad_norm(norm)
+    guard.on_pre_optimizer_step(SimpleNamespace(process_index=0), TrainerState(), TrainerControl())
+    skipped, guard.skip_next_update = guard.skip_next_update, False
+    return skipped
+
+
+def test_the_finite_check_reads_the_trainers_norm_and_computes_its_own_only_without_one(monkeypatch):
+    from hf_pretrain.training.loss_guard import LossGuardCallback
+
+    guard = LossGuardCallback()
+    assert guard_step(guard, None, float("nan")) and not guard_step(guard, None, 1.0)  # no norm given: its own
+    foreach = []
+    monkeypatch.setattr(torch, "_foreach_norm", lambda grads: foreach.append(grads) or [torch.zeros(())])
+    assert guard_step(guard, torch.tensor(float("inf")), 1.0) and guard_step(guard, float("nan"), 1.0)
+    assert not guard_step(guard, torch.tensor(2.0), 1.0) and foreach == []  # the given norm decides, no 2nd pass
+
+
+@pytest.mark.parametrize("max_grad_norm", [1.0, 0.0])  # clipped, and not (the Trainer still takes the norm)
+def test_a_run_hands_the_guard_the_norm_it_logs(tmp_path, monkeypatch, max_grad_norm):
+    trainer = run(tmp_path, monkeypatch, "3:nan", max_grad_norm=max_grad_norm)
+    given = []
+    record = trainer.loss_guard.record_grad_norm
+    monkeypatch.setattr(trainer.loss_guard, "record_grad_norm", lambda norm: given.append(norm) or record(norm))
+    trainer.train()
+    logged = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+    assert len(given) == len(logged) == 12 and trainer.loss_guard.skipped == 1 and params_finite(trainer.model)
+    assert [float(n) for n in given] == pytest.approx(logged, nan_ok=True)
