@@ -9,8 +9,8 @@ every scale) -> pack; clean is off so that the rows are the planted corpus's (it
 Printed per executor and scale: wall seconds, documents per second per core (documents / the tasks' seconds summed
 over every stage: each task runs on one core), and each stage's peak task RSS (sampled by the task itself, psutil);
 then recall / precision of the planted pairs (`dedup.py`'s definitions) for `MinHashDedup` in one process and for
-the sharded stages at each scale. Slurm uses the cluster `sinfo` answers, else (as root) the one-node Slurm of the
-tests (tests/data/engine_clusters.py); Ray starts a local one.
+the sharded stages at each scale. Slurm uses the cluster `sinfo` answers, else (as root) the one-node Slurm that the
+tests use too (benchmarks/engine_clusters.py); Ray starts a local one.
 
     python benchmarks/data_scale.py [--docs 4000] [--scales 1 4 16] [--tasks 2] [--executors local ray slurm]
 """
@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dedup import ExactJaccard, evaluate, planted_corpus  # noqa: E402
 
-from hf_pretrain.data.pipeline import PipelineConfig, run_pipeline  # noqa: E402
+from hf_pretrain.data.pipeline import run_pipeline  # noqa: E402
+from hf_pretrain.data.pipeline_config import PipelineConfig  # noqa: E402
 
 
 def write_corpus(texts: list[str], folder: Path, files: int) -> None:
@@ -52,7 +53,7 @@ def cluster_for(kind: str):
     if kind != "slurm" or subprocess.run(["sinfo"], capture_output=True).returncode == 0:
         yield {}
         return
-    from tests.data.engine_clusters import slurm_cluster
+    from engine_clusters import slurm_cluster
 
     with slurm_cluster() as env:
         yield {"SLURM_CONF": env["SLURM_CONF"]}

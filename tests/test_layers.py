@@ -237,3 +237,27 @@ def test_the_check_sees_relative_imports(tmp_path):
     module = PACKAGE / "data" / "perplexity.py"
     assert "hf_pretrain.modeling" in imports_of(module)
     assert module_name(PACKAGE / "data" / "__init__.py") == "hf_pretrain.data"
+
+
+def imports_of_tests(source: str) -> list[str]:
+    """The `tests` modules a source imports (absolute imports whose first name is `tests`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        found += [n for n in names if n.split(".")[0] == "tests"]
+    return found
+
+
+def test_shipped_code_never_imports_the_tests():
+    """The package, the examples and the benchmarks run from an installed wheel or a checkout without tests/."""
+    shipped = [p for folder in ("hf_pretrain", "examples", "benchmarks") for p in (ROOT / folder).rglob("*.py")]
+    found = {str(p.relative_to(ROOT)): imports_of_tests(p.read_text()) for p in shipped}
+    assert not {path: names for path, names in found.items() if names}
+
+
+def test_the_tests_import_check_can_fail():
+    assert imports_of_tests("from tests.data.engine_clusters import slurm_cluster") == ["tests.data.engine_clusters"]
+    assert imports_of_tests("import tests.conftest, os") == ["tests.conftest"]
+    assert imports_of_tests("from .tests import x\nfrom engine_clusters import y\nimport testsuite") == []

@@ -88,7 +88,9 @@ def embedded_documents(max_chars: int = 2000) -> list[str]:
         for attr in sorted(vars(module)):
             obj = getattr(module, attr)
             public = not attr.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj))
-            if public and getattr(obj, "__module__", "").startswith(name.split(".")[0]):
+            if public and (getattr(obj, "__module__", None) or "").startswith(
+                name.split(".")[0]
+            ):  # None: a wrapper made at run time (Ray replaces inspect.isgenerator)
                 pieces.append(f"{attr}\n\n{inspect.getdoc(obj) or ''}")
         docs += _split_paragraphs("\n\n".join(p for p in pieces if len(p) > 40), max_chars)
     return [d for d in docs if len(d) >= 40]

@@ -132,20 +132,26 @@ def estimated_jaccard(left: np.ndarray, right: np.ndarray) -> np.ndarray:
 
 
 def union_find_roots(n: int, pairs: np.ndarray) -> np.ndarray:
-    """The lowest index of each item's connected component under `pairs`."""
-    parent = list(range(n))
+    """The lowest index of each item's connected component under `pairs` [m, 2], in numpy (no Python loop per pair).
 
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i, j in pairs.tolist():
-        ri, rj = find(i), find(j)
-        if ri != rj:
-            parent[max(ri, rj)] = min(ri, rj)
-    return np.array([find(i) for i in range(n)], np.int64)
+    Rounds of hooking and pointer jumping: every pair whose two roots differ hooks the higher root under the lower
+    (`np.minimum.at`), then every item's label jumps to its root's until stable. A label never rises above the item,
+    so the lowest item of a component stays its root; each round at least halves the roots still to merge of every
+    component, so a few rounds (log2 of the largest component) suffice. Memory: the labels and the pairs."""
+    labels = np.arange(n, dtype=np.int64)
+    left, right = np.asarray(pairs, np.int64).reshape(-1, 2).T if len(pairs) else (labels[:0], labels[:0])
+    while True:
+        low, high = labels[left], labels[right]
+        apart = low != high
+        if not apart.any():
+            return labels
+        left, right, low, high = left[apart], right[apart], low[apart], high[apart]
+        np.minimum.at(labels, np.maximum(low, high), np.minimum(low, high))
+        while True:
+            jumped = labels[labels]
+            if np.array_equal(jumped, labels):
+                break
+            labels = jumped
 
 
 class _Signatures:

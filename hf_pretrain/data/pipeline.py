@@ -317,7 +317,8 @@ def _last_step(output_dir: str | Path, name: str) -> Path:
 
 
 def packed_path(output_dir: str | Path, split: str = "train") -> Path:
-    """The folder of the packed `split` a `prepare` wrote (`load_from_disk` loads it)."""
+    """The folder of the packed `split` a `prepare` wrote: one `save_to_disk` folder (`load_from_disk` loads it) on
+    one machine; a folder of shards, one per task, after an executor's run (`load_packed` / `load_split` read it)."""
     return _last_step(output_dir, "pack") / split
 
 

@@ -137,10 +137,32 @@ def test_same_result_with_worker_processes_and_across_ranks(planted):
     assert shards[0] + shards[1] == list(kept_one["id"])  # global dedup: the union of the ranks' outputs
 
 
+def lowest_of_each_component(n: int, pairs: np.ndarray) -> list[int]:
+    """The reference: a breadth-first search from each unvisited item, in increasing order."""
+    neighbours = [[] for _ in range(n)]
+    for i, j in pairs.tolist():
+        neighbours[i].append(j)
+        neighbours[j].append(i)
+    lowest = [-1] * n
+    for start in range(n):
+        if lowest[start] < 0:
+            lowest[start], frontier = start, [start]
+            while frontier:
+                frontier = [j for i in frontier for j in neighbours[i] if lowest[j] < 0]
+                for j in frontier:
+                    lowest[j] = start
+    return lowest
+
+
 def test_union_find_is_transitive_and_keeps_the_lowest_index():
     pairs = np.array([(3, 4), (1, 2), (0, 1), (5, 6), (4, 6)])
     assert union_find_roots(8, pairs).tolist() == [0, 0, 0, 3, 3, 3, 3, 7]
     assert union_find_roots(8, pairs[::-1]).tolist() == [0, 0, 0, 3, 3, 3, 3, 7]
+    assert union_find_roots(3, np.zeros((0, 2), np.int64)).tolist() == [0, 1, 2]  # no pairs: each its own
+    rng = np.random.default_rng(0)
+    for n, m in ((50, 40), (400, 600), (2000, 300)):  # sparse and dense graphs, long chains among them
+        random_pairs = rng.integers(0, n, (m, 2))
+        assert union_find_roots(n, random_pairs).tolist() == lowest_of_each_component(n, random_pairs)
 
     rng = np.random.default_rng(5)
     b = words(rng, 400)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +22,14 @@ import pyarrow as pa
 import pytest
 from datasets import Dataset, concatenate_datasets, load_from_disk
 
+from benchmarks.engine_clusters import ray_head, slurm_cluster, slurm_missing, stop_group, wait_until
 from hf_pretrain.cli import main
 from hf_pretrain.data import embedded_documents
 from hf_pretrain.data.dedup import MinHashDedup
 from hf_pretrain.data.engines import dedup_shards
-from hf_pretrain.data.pipeline import PipelineConfig, load_packed, run_pipeline
+from hf_pretrain.data.pipeline import load_packed, run_pipeline
+from hf_pretrain.data.pipeline_config import PipelineConfig
 
-from .engine_clusters import ray_head, slurm_cluster, slurm_missing, stop_group, wait_until
 from .test_pipeline import dirty_corpus
 
 needs_datatrove = pytest.mark.skipif(
@@ -64,11 +66,11 @@ def sharded_codes(texts: list[str], shards: int, section: dict, tmp: Path) -> tu
     for shard in range(shards):
         column = pa.chunked_array([pa.array(texts[bounds[shard] : bounds[shard + 1]], pa.large_string())])
         dedup_shards.write_signatures(tmp, shard, column, settings)
-    ranges, units = dedup_shards.bucket_units(settings, shards)
-    for unit in range(units):
-        found = dedup_shards.unit_pairs(tmp, unit, ranges, bounds, settings.bucket_window)
-        dedup_shards.save_array(tmp / "pairs" / f"{unit:05d}.npy", found)
-    pairs = [tmp / "pairs" / f"{unit:05d}.npy" for unit in range(units)]
+    tasks = min(shards, dedup_shards.bucket_units(settings, shards)[1])  # as `Plan.bucket_tasks`
+    for task in range(tasks):
+        found = dedup_shards.task_pairs(tmp, task, tasks, settings, bounds)
+        dedup_shards.save_pairs(tmp / "pairs" / f"{task:05d}.npy", found)
+    pairs = [tmp / "pairs" / f"{task:05d}.npy" for task in range(tasks)]
     counters = dedup_shards.cluster(tmp, pairs, bounds, settings, tmp / "verdicts")
     sizes = np.diff(bounds)
     codes = np.concatenate([dedup_shards.shard_codes(tmp / "verdicts", s, sizes[s]) for s in range(shards)])
@@ -86,6 +88,29 @@ def test_sharded_dedup_drops_what_minhash_dedup_drops(tmp_path, shards):
     np.testing.assert_array_equal(roots, block.roots)  # each for the same kept copy
     for key in ("exact_duplicates", "near_duplicates", "clusters", "bands", "rows"):
         assert counters[key] == block.stats.extra[key], key
+
+
+def test_the_clusters_stage_in_small_blocks_gives_the_one_block_result(tmp_path, monkeypatch):
+    """Pairs read a few first ids at a time and merged into the forest block by block: the same verdicts and
+    counters (a pair found by several bands or tasks counted once) as every pair in one block."""
+    texts = near_copies()
+    whole = sharded_codes(texts, 40, {}, tmp_path / "whole")
+    blocks = []
+    streamed = dedup_shards.pair_blocks
+
+    def counted(*args):
+        for block in streamed(*args):
+            blocks.append(len(block))
+            yield block
+
+    monkeypatch.setattr(dedup_shards, "pair_blocks", counted)
+    monkeypatch.setattr(dedup_shards, "_CLUSTER_PAIRS", 16)
+    monkeypatch.setattr(dedup_shards, "_SAMPLE_STEP", 4)
+    small = sharded_codes(texts, 40, {}, tmp_path / "small")
+    assert len(blocks) > 10 and max(blocks) < sum(blocks) / 3, blocks  # many blocks, none near all the pairs
+    np.testing.assert_array_equal(small[0], whole[0])
+    np.testing.assert_array_equal(small[2], whole[2])
+    assert small[1] == whole[1]
 
 
 def test_sharded_exact_dedup_alone(tmp_path):
@@ -188,6 +213,29 @@ def test_local_executor_gives_the_one_machine_result_and_a_relaunch_reuses_it(co
     assert "holds the run of another config, input or number of tasks" in capsys.readouterr().err
 
 
+@needs_datatrove
+def test_the_tokenizer_is_trained_once_on_its_sample_and_packs_every_shard(corpus, tmp_path, capsys):
+    """`tokenizer_sample_documents` below the training documents: one tokenizer task on that many, and every pack
+    shard's rows are its tokens of that shard's documents (workers 1: the tasks run in this process)."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "sample"
+    path = config_file(corpus, out, None, kind="local", tasks=2, workers=1, tokenizer_sample_documents=50)
+    assert main(["data", "prepare", str(path)]) == 0
+    assert "04-tokenizer        1     1       0" in capsys.readouterr().out
+    assert sorted(p.name for p in (out / "04-tokenizer" / "tasks").iterdir()) == ["00000.json"]
+    record = json.loads((out / "04-tokenizer" / "tasks" / "00000.json").read_text())
+    assert (
+        record["stats"][0]["extra"]["sample_documents"] == 50 < len(documents(out / "05-pack" / "documents", "train"))
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(out / "04-tokenizer" / "tokenizer"))
+    for shard in ("00000", "00001"):
+        texts = list(load_from_disk(str(out / "05-pack" / "documents" / "train" / shard))["text"])
+        rows = list(load_from_disk(str(out / "05-pack" / "train" / shard))["input_ids"])
+        expected = Counter(t for ids in tokenizer(texts)["input_ids"] for t in [*ids, tokenizer.eos_token_id])
+        assert Counter(t for row in rows for t in row) == expected, shard  # every token of the shard, once
+
+
 @pytest.fixture(scope="session")
 def ray_address():
     if importlib.util.find_spec("ray") is None or importlib.util.find_spec("datatrove") is None:
@@ -206,7 +254,38 @@ def slurm_env():
         yield env
 
 
-@pytest.mark.exhaustive  # a Ray head and workers start in ~20 s; make test: the local and Slurm executors
+@pytest.fixture(scope="module")
+def ray_in_process():
+    """Ray started inside the test process (`ray.init`, no head of its own): the executor finds it initialised and
+    runs its tasks there, as `executor.address: null` does on a machine without a cluster."""
+    if importlib.util.find_spec("ray") is None or importlib.util.find_spec("datatrove") is None:
+        pytest.skip("ray or datatrove is not installed: pip install 'hf_pretrain[ray]' (make test installs it)")
+    import ray
+
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # as ray_head: a token in ~/.ray would switch it on
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
+
+
+def test_ray_in_process_gives_the_one_machine_result(corpus, tmp_path, capsys, ray_in_process):
+    """Make test's Ray: the whole chain, dedup's buckets and clusters stages included, as Ray tasks."""
+    out = tmp_path / "ray"
+    path = config_file(corpus, out, kind="ray", tasks=2, mem_per_cpu_gb=1)
+    assert main(["data", "prepare", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "(executor ray" in printed and "03-clusters         1     1       0" in printed, printed
+    assert_one_machine_result(corpus, out)
+
+
+@pytest.mark.exhaustive  # a Ray head and workers start in ~20 s; make test: Ray in the test process (above)
 def test_ray_executor_gives_the_one_machine_result(corpus, tmp_path, ray_address):
     out = tmp_path / "ray"
     path = config_file(corpus, out, None, kind="ray", tasks=2, address=ray_address, mem_per_cpu_gb=1)
@@ -231,7 +310,8 @@ def test_slurm_executor_gives_the_one_machine_result(corpus, tmp_path, slurm_env
 
 FAULTY_LAUNCH = """
 from hf_pretrain.data.engines import stages
-from hf_pretrain.data.pipeline import PipelineConfig, run_pipeline
+from hf_pretrain.data.pipeline import run_pipeline
+from hf_pretrain.data.pipeline_config import PipelineConfig
 
 
 class Stopped(stages.Documents):
@@ -387,8 +467,14 @@ def lock_waited_for(lock: Path) -> bool:
     return any("->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
 
 
-@pytest.mark.exhaustive
-@pytest.mark.parametrize("kind", ["local", "ray", "slurm"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("local", marks=needs_datatrove),
+        pytest.param("ray", marks=pytest.mark.exhaustive),
+        pytest.param("slurm", marks=pytest.mark.exhaustive),
+    ],
+)
 def test_two_launches_at_once_run_a_task_once_and_give_the_one_machine_result(kind, corpus, tmp_path, request):
     """The first launch's task 1 stops holding its lock; a second launch waits for that lock, then finds the task
     done: it runs once, and both launches end with the one-machine result."""

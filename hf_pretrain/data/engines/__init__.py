@@ -5,7 +5,7 @@
 `stages.py`, each a datatrove pipeline step run by the chosen executor (`executors.py`); the global MinHash dedup
 is sharded by band and key range (`dedup_shards.py`). The result is the one-machine chain's: the same documents
 kept (the shards are contiguous parts of the input, so dedup keeps the same copy), the same tokenizer when the
-sample holds every training document, each shard packed on its own (`06-pack/train/SHARD`), and `load_packed`
+sample holds every training document, each shard packed on its own (`05-pack/train/SHARD`), and `load_packed`
 reads the shards as one dataset. Counters are ours, merged over the tasks into `OUTPUT/stats.json` and the same
 summary table; `OUTPUT/tasks.json` has each task's seconds and peak memory.
 
@@ -62,22 +62,27 @@ def chain(plan, config: ExecutorConfig) -> list[tuple]:
     c = plan.config
     steps = [(s.Documents(plan), plan.shards)]
     if plan.dedup is not None:
-        _, units = plan.bucket_units()
-        steps += [(s.Buckets(plan), min(plan.shards, units)), (s.Clusters(plan), 1)]
+        steps += [(s.Buckets(plan), plan.bucket_tasks()), (s.Clusters(plan), 1)]
     if c.tokenizer is not None:
         steps.append((s.Tokenizer(plan), 1))
     return [*steps, (s.Pack(plan), plan.shards)]
 
 
 def check_key(out: Path, key: str) -> None:
-    """The folder holds this run (or nothing yet); another config's run is refused, not mixed with this one."""
+    """The folder holds this run (or nothing yet); another config's run is refused, not mixed with this one.
+
+    Checked and written under a lock (`locks/engine.lock`): of two launches with different configs started at
+    once, the second sees the first's `engine.json` and is refused."""
+    from .stages import task_lock
+
     path = out / "engine.json"
-    if path.exists() and json.loads(path.read_text()) != key:
-        raise ValueError(
-            f"output_dir={str(out)!r} holds the run of another config, input or number of tasks (engine.json): "
-            "pass a new output_dir, or delete that folder to start over."
-        )
-    write_json(path, key)
+    with task_lock(out / "locks" / "engine.lock"):
+        if path.exists() and json.loads(path.read_text()) != key:
+            raise ValueError(
+                f"output_dir={str(out)!r} holds the run of another config, input or number of tasks (engine.json): "
+                "pass a new output_dir, or delete that folder to start over."
+            )
+        write_json(path, key)
 
 
 def merge(records: list[list[dict]]) -> list[BlockStats]:

@@ -7,26 +7,35 @@ without one process holding every document's band keys:
    MinHash signature (`minhash.minhash_signatures`), written as `hashes/S.npy`, `signatures/S.npy` and one file per
    band, `bands/BBB/S.npy`: (key, row) sorted by key (`lsh.band_keys`; the content hash's first 64 bits are one more
    band, so exact copies meet like near ones);
-2. buckets (a task per band and range of keys): the rows of every shard whose key is in the range (a binary search
-   in each sorted file), paired with up to `bucket_window` predecessors of equal key (`lsh.candidate_pairs`), ids
-   global (shard offset + row): `pairs/T.npy`;
-3. clusters (one task): the candidate pairs, each linked when the content hashes are equal (exact) or, with
-   `verify`, when the signatures' estimated Jaccard is >= threshold (signatures read for a block of pairs at a
-   time); union-find (`lsh.union_find_roots`) keeps the lowest global id of each cluster, as `MinHashDedup` keeps
-   the lowest row: `verdicts/S.npy` per shard, (row, reason code, global id of the copy kept), and the counters;
+2. buckets (a task per band and range of keys, a task taking units `task`, `task + tasks`, ...): the rows of every
+   shard whose key is in the range (a binary search in each sorted file), paired with up to `bucket_window`
+   predecessors of equal key (`lsh.candidate_pairs`), ids global (shard offset + row); the task's pairs made
+   distinct and sorted (first id, second id), saved column-major so that the first ids are one contiguous column of
+   the memory-mapped file: `pairs/T.npy`;
+3. clusters (one task): the pairs read in blocks of first ids (`pair_blocks`: a binary search in each file's first
+   column, the same pair from two bands or two tasks counted once), each block's pairs linked when the content
+   hashes are equal (exact) or, with `verify`, when the signatures' estimated Jaccard is >= threshold (signatures
+   read for `_PAIRS_BLOCK` pairs at a time), and merged into the clusters found so far (`Forest`: every linked
+   document and the lowest global id of its cluster, `lsh.union_find_roots` over the old forest and the new links),
+   so the lowest global id of each cluster is kept, as `MinHashDedup` keeps the lowest row: `verdicts/S.npy` per
+   shard, (row, reason code, global id of the copy kept), and the counters;
 4. the shard's task drops its listed rows with their reasons (`stages.py`, through the dedup blocks' own marking).
 
-Memory: a signatures task holds its shard's batch; a buckets task the keys of its range (12 bytes a document of
-1/ranges of the corpus: more tasks, less each); the clusters task the candidate pairs and the documents in them
-(duplicates, not the corpus), as datatrove's MinhashDedupCluster. Why not datatrove's four steps: they read
-datatrove `Document`s, hash with their own shingles and emit unverified pairs (precision below ours, see
-docs/data.md); these stages keep our signatures and the verification.
+Memory: a signatures task holds its shard's batch; a buckets task the keys and pairs of its range (12 bytes a
+document of 1/ranges of the corpus: more tasks, less each); the clusters task O(linked duplicate documents): the
+forest (16 bytes per document linked to another), one block of pairs (at most `_CLUSTER_PAIRS` or the forest's size,
+whichever is larger, bar one first id's pairs) and the sampled first ids (8 bytes per `_SAMPLE_STEP` pairs), never
+every pair at once. Not bounded by a shard: a corpus with more duplicates has more to cluster (as datatrove's
+MinhashDedupCluster). Why not datatrove's four steps: they read datatrove `Document`s, hash with their own shingles
+and emit unverified pairs (precision below ours, see docs/data.md); these stages keep our signatures and the
+verification.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +46,9 @@ from ..minhash import content_hashes, minhash_signatures
 
 BAND = np.dtype([("key", "<u8"), ("row", "<u4")])
 VERDICT = np.dtype([("row", "<u4"), ("code", "i1"), ("kept", "<i8")])  # code: dedup.REASONS; kept: the global id kept
-_PAIRS_BLOCK = 1 << 16
+_PAIRS_BLOCK = 1 << 16  # pairs whose signatures are read at once (2 x 64 K x 128 x 4 bytes: 64 MB)
+_CLUSTER_PAIRS = 1 << 22  # pairs of a clusters block (at least; 16 bytes each) when the forest is smaller
+_SAMPLE_STEP = 1024  # every how many pairs of a file a first id is sampled to cut the blocks
 
 
 def save_array(path: Path, array: np.ndarray) -> None:
@@ -138,6 +149,29 @@ def unit_pairs(folder: Path, unit: int, ranges: int, offsets: np.ndarray, bucket
     return ids[candidate_pairs(keys[:, None], bucket_window)]
 
 
+def distinct_pairs(pairs: np.ndarray) -> np.ndarray:
+    """The distinct rows of `pairs` [m, 2], sorted by first then second id."""
+    if not len(pairs):
+        return np.zeros((0, 2), np.int64)
+    ordered = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
+    new = np.ones(len(ordered), bool)
+    new[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    return ordered[new]
+
+
+def task_pairs(folder: Path, task: int, tasks: int, settings: DedupSettings, offsets: np.ndarray) -> np.ndarray:
+    """Stage 2 for one task of `tasks`: the distinct candidate pairs of its units (`task`, `task + tasks`, ...)."""
+    ranges, units = bucket_units(settings, len(offsets) - 1)
+    bucket_window = settings.bucket_window
+    found = [unit_pairs(folder, unit, ranges, offsets, bucket_window) for unit in range(task, units, tasks)]
+    return distinct_pairs(np.concatenate(found) if found else np.zeros((0, 2), np.int64))
+
+
+def save_pairs(path: Path, pairs: np.ndarray) -> None:
+    """A pairs file, column-major: the first ids of its memory map are one contiguous (binary-searchable) column."""
+    save_array(path, np.asfortranarray(pairs))
+
+
 class ShardArrays:
     """Rows of a per-shard array (`hashes`, `signatures`) by global id, each shard's file memory-mapped only while read."""
 
@@ -158,22 +192,36 @@ class ShardArrays:
         return out if out is not None else np.zeros((0,), np.uint64)
 
 
-def cluster(
-    folder: Path, pairs_files: list[Path], offsets: np.ndarray, settings: DedupSettings, verdicts: Path
-) -> dict:
-    """Stage 3: link the candidate pairs (`folder` holds the signatures), cluster, write each shard's verdicts into
-    `verdicts`; returns the counters."""
-    found = [load_array(p) for p in pairs_files]
-    pairs = np.concatenate([p for p in found if len(p)] or [np.zeros((0, 2), np.int64)])
-    pairs = np.unique(pairs, axis=0) if len(pairs) else pairs
-    hashes = ShardArrays(folder, "hashes", offsets)
-    signatures = ShardArrays(folder, "signatures", offsets) if settings.minhash else None
+def pair_blocks(files: list[np.ndarray], documents: int, budget) -> Iterator[np.ndarray]:
+    """The distinct pairs of every (sorted) pairs file, a block of consecutive first ids at a time.
+
+    A block holds every pair whose first id is in its range, so a pair found in several files falls in one block
+    and is counted once. The ranges are cut at first ids sampled every `_SAMPLE_STEP` pairs of each file, and a
+    block takes as many cut cells as fit in `budget()` pairs (at least one)."""
+    samples = [np.asarray(f[::_SAMPLE_STEP, 0], np.int64) for f in files]
+    cuts = np.unique(np.concatenate([np.array([0, documents], np.int64), *samples]))
+    ends = np.zeros(len(cuts) - 1, np.int64)
+    for f in files:
+        ends += np.diff(np.searchsorted(f[:, 0], cuts))
+    ends = np.cumsum(ends)  # pairs with first id < cuts[k + 1]
+    start = 0
+    while start < len(cuts) - 1:
+        before = ends[start - 1] if start else 0
+        stop = min(len(cuts) - 1, max(start + 1, int(np.searchsorted(ends, before + budget(), side="right"))))
+        low, high = cuts[start], cuts[stop]
+        parts = [np.asarray(f[np.searchsorted(f[:, 0], low) : np.searchsorted(f[:, 0], high)]) for f in files]
+        yield distinct_pairs(np.concatenate([np.zeros((0, 2), np.int64), *parts]))
+        start = stop
+
+
+def link(pairs: np.ndarray, hashes: ShardArrays, signatures: ShardArrays | None, settings: DedupSettings):
+    """(exact, linked) per pair: equal content hashes; linked: exact, or near (estimated Jaccard >= threshold, or
+    every candidate without `verify`)."""
     exact = np.zeros(len(pairs), bool)
     linked = np.zeros(len(pairs), bool)
     for start in range(0, len(pairs), _PAIRS_BLOCK):
         block = pairs[start : start + _PAIRS_BLOCK]
         same = (hashes.take(block[:, 0]) == hashes.take(block[:, 1])).all(axis=1)
-        exact[start : start + len(block)] = same
         near = np.zeros(len(block), bool)
         if signatures is not None:
             if settings.verify:
@@ -181,11 +229,48 @@ def cluster(
                 near = near >= settings.threshold
             else:
                 near = np.ones(len(block), bool)
+        exact[start : start + len(block)] = same
         linked[start : start + len(block)] = same | near
-    edges = pairs[linked]
-    nodes = np.unique(edges)
-    roots = nodes[union_find_roots(len(nodes), np.searchsorted(nodes, edges))] if len(nodes) else nodes
-    copies = np.unique(pairs[exact][:, 1])  # a lower document has the same content hash: an exact duplicate
+    return exact, linked
+
+
+class Forest:
+    """The clusters found so far: every linked document (sorted global ids) and the lowest global id of its cluster.
+
+    New links are merged with the old as one graph, the forest's (document, root) edges and the new pairs, so what
+    is held is the linked documents, not every pair seen."""
+
+    def __init__(self):
+        self.nodes = self.roots = np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def add(self, edges: np.ndarray) -> None:
+        if not len(edges):
+            return
+        edges = np.concatenate([np.stack([self.nodes, self.roots], axis=1), edges])
+        self.nodes = np.unique(edges)
+        self.roots = self.nodes[union_find_roots(len(self.nodes), np.searchsorted(self.nodes, edges))]
+
+
+def cluster(
+    folder: Path, pairs_files: list[Path], offsets: np.ndarray, settings: DedupSettings, verdicts: Path
+) -> dict:
+    """Stage 3: link the candidate pairs (`folder` holds the signatures) block by block, cluster, write each shard's
+    verdicts into `verdicts`; returns the counters."""
+    files = [load_array(p, mmap=True) for p in pairs_files]
+    hashes = ShardArrays(folder, "hashes", offsets)
+    signatures = ShardArrays(folder, "signatures", offsets) if settings.minhash else None
+    forest, copies, candidates, verified = Forest(), [np.zeros(0, np.int64)], 0, 0
+    for pairs in pair_blocks(files, int(offsets[-1]), lambda: max(_CLUSTER_PAIRS, len(forest))):
+        exact, linked = link(pairs, hashes, signatures, settings)
+        copies.append(np.unique(pairs[exact][:, 1]))  # a lower document has the same content hash: an exact copy
+        candidates += int((~exact).sum())
+        verified += int((linked & ~exact).sum())
+        forest.add(pairs[linked])
+    del files
+    nodes, roots, copies = forest.nodes, forest.roots, np.unique(np.concatenate(copies))
     dropped, kept = nodes[roots != nodes], roots[roots != nodes]
     is_exact = np.isin(dropped, copies)
     codes = np.where(is_exact, REASONS.index(EXACT), REASONS.index(NEAR)).astype(np.int8)
@@ -201,8 +286,8 @@ def cluster(
         "exact_duplicates": int(is_exact.sum()),
         "near_duplicates": int((~is_exact).sum()),
         "clusters": int((sizes > 1).sum()),
-        "candidate_pairs": int((~exact).sum()),
-        "verified_pairs": int((linked & ~exact).sum()),
+        "candidate_pairs": candidates,
+        "verified_pairs": verified,
         "bands": settings.bands,
         "rows": settings.rows,
         "num_perm": settings.num_perm,

@@ -4,8 +4,8 @@ A `Stage` is a datatrove `PipelineStep` whose `run(data, rank, world_size)` does
 
   01-documents  (a task per shard)  read (a contiguous part of the input's files or rows) -> clean -> perplexity
                                     filter; the documents saved, with their hashes and MinHash band files
-  02-buckets    (a task per units)  candidate pairs of a band's key range (`dedup_shards.py`)
-  03-clusters   (one task)          linked pairs -> clusters -> each shard's verdicts
+  02-buckets    (a task per units)  distinct candidate pairs of bands' key ranges (`dedup_shards.py`)
+  03-clusters   (one task)          linked pairs, a block at a time -> clusters -> each shard's verdicts
   04-tokenizer  (one task)          trained once on the first training documents of the shards, or copied
   05-pack       (a task per shard)  the verdicts applied by our dedup blocks (reasons `exact_duplicate`,
                                     `near_duplicate`), the held-out split (`split.py`), the documents saved
@@ -66,6 +66,10 @@ class Plan:
 
     def bucket_units(self) -> tuple[int, int]:
         return dedup_shards.bucket_units(self.dedup, self.shards)
+
+    def bucket_tasks(self) -> int:
+        """Tasks of the buckets stage: one per unit (band x key range), at most one per shard."""
+        return min(self.shards, self.bucket_units()[1])
 
     def task_stats(self, stage: str, rank: int) -> dict:
         path = self.out / stage / "tasks" / f"{rank:05d}.json"
@@ -215,15 +219,9 @@ class Buckets(Stage):
 
     def work(self, out, rank, world_size):
         settings, offsets = self.plan.dedup, self.plan.offsets()
-        ranges, units = self.plan.bucket_units()
-        pairs = 0
-        for unit in range(rank, units, world_size):
-            found = dedup_shards.unit_pairs(
-                self.plan.out / DOCUMENTS / "dedup", unit, ranges, offsets, settings.bucket_window
-            )
-            dedup_shards.save_array(out / "pairs" / f"{unit:05d}.npy", found)
-            pairs += len(found)
-        return [BlockStats("buckets", documents_in=int(offsets[-1]), extra={"pairs": pairs})], {}
+        found = dedup_shards.task_pairs(self.plan.out / DOCUMENTS / "dedup", rank, world_size, settings, offsets)
+        dedup_shards.save_pairs(out / "pairs" / f"{rank:05d}.npy", found)
+        return [BlockStats("buckets", documents_in=int(offsets[-1]), extra={"pairs": len(found)})], {}
 
 
 class Clusters(Stage):
@@ -231,8 +229,7 @@ class Clusters(Stage):
 
     def work(self, out, rank, world_size):
         settings, offsets = self.plan.dedup, self.plan.offsets()
-        _, units = self.plan.bucket_units()
-        pairs = [self.plan.out / BUCKETS / "pairs" / f"{unit:05d}.npy" for unit in range(units)]
+        pairs = [self.plan.out / BUCKETS / "pairs" / f"{task:05d}.npy" for task in range(self.plan.bucket_tasks())]
         counters = dedup_shards.cluster(self.plan.out / DOCUMENTS / "dedup", pairs, offsets, settings, out / "verdicts")
         return [BlockStats("clusters", documents_in=int(offsets[-1]), extra=counters)], {"counters": counters}
 

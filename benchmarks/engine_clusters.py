@@ -1,6 +1,8 @@
-"""Real clusters on this machine for the executor tests: a Ray head (`ray start --head`) and a one-node Slurm
-(Debian's slurmctld + slurmd, munge authentication), each started from its own temporary folder and stopped by the
-ids of the processes it started. Both are context managers; `tests/data/test_engines.py` holds them once per session.
+"""Real clusters on this machine: a Ray head (`ray start --head`) and a one-node Slurm (Debian's slurmctld +
+slurmd, munge authentication), each started from its own temporary folder and stopped by the ids of the processes
+it started. Both are context managers. The executor tests (`tests/data/test_engines.py`) hold them once per session
+and `benchmarks/data_scale.py` starts the Slurm one when no cluster answers `sinfo`; they live here rather than in
+tests/ because benchmarks do not import the tests (as `benchmarks/gpu/faults.py`).
 
 Slurm: `make test` installs its packages as root (`.ci/install_engines`); `ProctrackType=proctrack/linuxproc` and
 `TaskPlugin=task/none` need no cgroups, so it runs in a container.
