@@ -43,6 +43,7 @@ from .records import (
     line_features,
     open_lines,
     read_lines,
+    stream_errors,
     unpack_fields,
 )
 
@@ -255,14 +256,19 @@ class ReadFiles(Block):
         raise ValueError(f"{message} {fix}")
 
     def _fields_of_first_record(self, files: list[str]) -> list[str]:
-        with open_lines(files[0]) as f:
-            for line in f:
-                try:
-                    record = json.loads(line.removeprefix(BOM))
-                except ValueError:
-                    continue
-                if isinstance(record, dict):
-                    return sorted(record)
+        """The fields of the first record that parses, for the error message (a file that breaks first is passed)."""
+        for path in files:
+            try:
+                with open_lines(path) as f:
+                    for line in f:
+                        try:
+                            record = json.loads(line.removeprefix(BOM))
+                        except ValueError:
+                            continue
+                        if isinstance(record, dict):
+                            return sorted(record)
+            except stream_errors():
+                continue
         return []
 
 

@@ -166,7 +166,7 @@ class ZstdFrames(io.RawIOBase):
         super().close()
 
 
-def _stream_errors() -> tuple[type[BaseException], ...]:
+def stream_errors() -> tuple[type[BaseException], ...]:
     """What a broken compressed stream raises while it is read (cut short, or its bytes damaged)."""
     errors: tuple[type[BaseException], ...] = (EOFError, OSError, zlib.error, lzma.LZMAError)
     try:
@@ -185,7 +185,7 @@ def read_lines(files: list[tuple[str, str, int, int]], text_column: str, max_byt
     for path, name, _, _ in files:
         kind = file_kind(Path(path))
         compressed = Path(path).name.endswith(COMPRESSIONS)
-        number, broken = 0, _stream_errors() if compressed else ()
+        number, broken = 0, stream_errors() if compressed else ()
         with open_lines(path) as f:
             lines = enumerate(f, start=1)
             while True:

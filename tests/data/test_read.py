@@ -282,6 +282,18 @@ def test_every_compression_cut_anywhere_keeps_the_lines_before_and_counts_the_br
     reader = ReadFiles()
     *texts, last = [row["text"] for row in reader.run(tmp_path)]
     assert last == "whole file" and texts == docs[: len(texts)]  # the lines before the cut, in order, nothing half-read
+    if where == "first frame":  # half-way into the first frame: what the format lets a reader decode before the cut
+        # gz streams its lines out, xz a buffer at a time; bz2 and zstd decode whole blocks only (a zstd block is
+        # 128 kB of text: this cut falls inside the first)
+        assert len(texts) >= {".gz": 300, ".xz": 100, ".bz2": 0, ".zst": 0}[suffix], len(texts)
     if cut > len(first):
         assert len(texts) >= 1000  # every line of the whole first frame
     assert reader.stats.dropped == {"corrupt_compression": 1}, reader.stats.dropped
+
+
+def test_a_wrong_text_column_behind_a_file_cut_in_its_first_block_is_one_error_naming_the_fields(tmp_path):
+    whole = bz2.compress(b"".join(json.dumps({"body": f"doc {i} " + "w " * 50}).encode() + b"\n" for i in range(3000)))
+    (tmp_path / "a.jsonl.bz2").write_bytes(whole[: len(whole) // 2])  # not one line decodes: bz2 decodes whole blocks
+    (tmp_path / "b.jsonl").write_text('{"body": "x"}\n')
+    with pytest.raises(ValueError, match=r"1 corrupt_compression, 1 missing_text.*fields are \['body'\]"):
+        list(ReadFiles().run(tmp_path))
