@@ -297,13 +297,14 @@ def test_ray_executor_gives_the_one_machine_result(corpus, tmp_path, ray_address
 
 def test_slurm_executor_gives_the_one_machine_result(corpus, tmp_path, slurm_env):
     out = tmp_path / "slurm"
-    path = config_file(corpus, out, None, kind="slurm", tasks=2, mem_per_cpu_gb=1)
+    path = config_file(corpus, out, kind="slurm", tasks=2, mem_per_cpu_gb=1)  # dedup on: every stage an sbatch
     run = cli(str(path), env=slurm_env)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "[slurm] submitted job(s)" in run.stdout and "(executor slurm" in run.stdout
+    assert "03-clusters         1     1       0" in run.stdout, run.stdout
     script = (out / "logs" / "01-documents" / "launch_script.slurm").read_text()
     assert "#SBATCH --array=0-1" in script and "launch_pickled_pipeline" in script
-    assert_one_machine_result(corpus, out, "one-nodedup")
+    assert_one_machine_result(corpus, out)
 
 
 # ---- faults ----------------------------------------------------------------------------------------------------------
