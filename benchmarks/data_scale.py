@@ -7,9 +7,11 @@ shard is the same size at every scale. Chain: read -> dedup -> split -> tokenize
 every scale) -> pack; clean is off so that the rows are the planted corpus's (its pairs are known).
 
 Printed per executor and scale: wall seconds, documents per second per core (documents / the tasks' seconds summed
-over every stage: each task runs on one core), and each stage's peak task RSS (sampled by the task itself, psutil);
-then recall / precision of the planted pairs (`dedup.py`'s definitions) for `MinHashDedup` in one process and for
-the sharded stages at each scale. Slurm uses the cluster `sinfo` answers, else (as root) the one-node Slurm that the
+over every stage: each task runs on one core), each stage's peak task RSS (sampled by the task itself, psutil) and
+that peak above the task's RSS when its block began (what the block added, torch and transformers not in it); as a
+control, what one process's `MinHashDedup` over the whole corpus adds at each scale (it should grow); then recall /
+precision of the planted pairs (`dedup.py`'s definitions) for `MinHashDedup` in one process and for the sharded
+stages at each scale. Slurm uses the cluster `sinfo` answers, else (as root) the one-node Slurm that the
 tests use too (benchmarks/engine_clusters.py); Ray starts a local one.
 
     python benchmarks/data_scale.py [--docs 4000] [--scales 1 4 16] [--tasks 2] [--executors local ray slurm]
@@ -79,7 +81,28 @@ def run(kind: str, texts: list[str], scale: int, args, root: Path) -> dict:
     tasks = json.loads((folder / "out" / "tasks.json").read_text())
     task_seconds = sum(sum(t["seconds"]) for t in tasks)
     peaks = {t["stage"]: max(t["peak_rss_bytes"]) / 2**20 for t in tasks}
-    return {"docs": len(texts), "wall": wall, "per_core": len(texts) / task_seconds, "peaks": peaks, "out": folder}
+    growth = {t["stage"]: max(t["rss_growth_bytes"]) / 2**20 for t in tasks}
+    return {
+        "docs": len(texts),
+        "wall": wall,
+        "per_core": len(texts) / task_seconds,
+        "peaks": peaks,
+        "growth": growth,
+        "out": folder,
+    }
+
+
+def one_process_growth(texts: list[str]) -> float:
+    """The control: MB that `MinHashDedup` over the whole corpus adds to this process's resident memory."""
+    from datasets import Dataset
+
+    from hf_pretrain.data.dedup import MinHashDedup
+    from hf_pretrain.data.engines.stages import PeakMemory
+
+    data = Dataset.from_dict({"text": texts})
+    with PeakMemory() as memory:
+        MinHashDedup(verbose=False).run(data)
+    return (memory.peak - memory.start) / 2**20
 
 
 def sharded_roots(out: Path) -> np.ndarray:
@@ -120,6 +143,14 @@ def main(argv: list[str] | None = None) -> dict:
         for (kind, scale), r in results.items():
             peaks = "  ".join(f"{r['peaks'][s]:>6.0f}" for s in stages)
             print(f"{kind:<8} {scale:>5} {r['docs']:>8,} {r['wall']:>7.1f} {r['per_core']:>12,.0f}  {peaks}")
+        print(f"\n{'executor':<8} {'scale':>5} {'docs':>8}  peak RSS above the task's start (MB): " + ", ".join(stages))
+        for (kind, scale), r in results.items():
+            growth = "  ".join(f"{r['growth'][s]:>6.1f}" for s in stages)
+            print(f"{kind:<8} {scale:>5} {r['docs']:>8,}  {growth}")
+        print("control, one process: MinHashDedup over the whole corpus adds (MB), smallest scale first:")
+        for scale in sorted(args.scales):  # ascending: memory freed after a smaller run is reused, not counted
+            results[("one_process", scale)] = one_process_growth(corpora[scale][0])
+            print(f"  scale {scale:>2} ({len(corpora[scale][0]):,} docs): {results[('one_process', scale)]:.1f}")
         from dedup import ours
 
         print("dedup of the planted pairs (exact Jaccard of 5-word shingle sets >= 0.8):")

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 from datasets import Dataset, concatenate_datasets, load_from_disk
 
 from benchmarks.engine_clusters import ray_head, slurm_cluster, slurm_missing, stop_group, wait_until
@@ -224,6 +225,11 @@ def test_the_tokenizer_is_trained_once_on_its_sample_and_packs_every_shard(corpu
     assert main(["data", "prepare", str(path)]) == 0
     assert "04-tokenizer        1     1       0" in capsys.readouterr().out
     assert sorted(p.name for p in (out / "04-tokenizer" / "tasks").iterdir()) == ["00000.json"]
+    tasks = {t["stage"]: t for t in json.loads((out / "tasks.json").read_text())}
+    assert list(tasks) == ["01-documents", "04-tokenizer", "05-pack"]  # dedup off: no buckets, no clusters
+    for t in tasks.values():  # each task's memory: its peak, and what its block added (below the peak)
+        assert len(t["seconds"]) == len(t["peak_rss_bytes"]) == len(t["rss_growth_bytes"]) == t["tasks"]
+        assert all(0 <= grew < peak for grew, peak in zip(t["rss_growth_bytes"], t["peak_rss_bytes"])), t
     record = json.loads((out / "04-tokenizer" / "tasks" / "00000.json").read_text())
     assert (
         record["stats"][0]["extra"]["sample_documents"] == 50 < len(documents(out / "05-pack" / "documents", "train"))
@@ -234,6 +240,44 @@ def test_the_tokenizer_is_trained_once_on_its_sample_and_packs_every_shard(corpu
         rows = list(load_from_disk(str(out / "05-pack" / "train" / shard))["input_ids"])
         expected = Counter(t for ids in tokenizer(texts)["input_ids"] for t in [*ids, tokenizer.eos_token_id])
         assert Counter(t for row in rows for t in row) == expected, shard  # every token of the shard, once
+
+
+@needs_datatrove
+def test_training_on_an_executors_shards_resumes_exactly(corpus, tmp_path):
+    """`load_packed` over 2 packed shards is one dataset with a fixed fingerprint: 3 + 3 resumed steps give the
+    losses of 6 straight (the sampler positioned in the concatenated rows, as on a one-machine prepare)."""
+    from transformers import AutoTokenizer
+
+    from hf_pretrain import PretrainForCausalLM, PretrainTrainer
+    from hf_pretrain.data.collator import PackedDocumentCollator
+    from hf_pretrain.data.pipeline import tokenizer_path
+    from tests.conftest import quick_args, small_config
+    from tests.training.test_resume import Record
+
+    out = tmp_path / "shards"
+    assert main(["data", "prepare", str(config_file(corpus, out, kind="local", tasks=2, workers=1))]) == 0
+    assert len(list((out / "05-pack" / "train").iterdir())) == 2
+    eos = AutoTokenizer.from_pretrained(str(tokenizer_path(out))).eos_token_id
+
+    def train(run: Path, resume=None, stop_at=None) -> dict:
+        torch.manual_seed(0)
+        args = quick_args(run, max_steps=6, per_device_train_batch_size=2, save_strategy="steps", save_steps=3)
+        record = Record(stop_at)
+        trainer = PretrainTrainer(
+            model=PretrainForCausalLM(small_config(vocab_size=512)),
+            args=args,
+            train_dataset=load_packed(out)["train"],  # loaded anew each time, as a restarted job does
+            data_collator=PackedDocumentCollator(eos_token_id=eos),
+            callbacks=[record],
+        )
+        trainer.train(resume_from_checkpoint=resume)
+        return record.losses
+
+    straight = train(tmp_path / "straight")
+    first = train(tmp_path / "resumed", stop_at=3)
+    second = train(tmp_path / "resumed", resume=True)
+    assert sorted(first) == [1, 2, 3] and sorted(second) == [4, 5, 6]
+    assert {**first, **second} == straight  # identical floats
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ is sharded by band and key range (`dedup_shards.py`). The result is the one-mach
 kept (the shards are contiguous parts of the input, so dedup keeps the same copy), the same tokenizer when the
 sample holds every training document, each shard packed on its own (`05-pack/train/SHARD`), and `load_packed`
 reads the shards as one dataset. Counters are ours, merged over the tasks into `OUTPUT/stats.json` and the same
-summary table; `OUTPUT/tasks.json` has each task's seconds and peak memory.
+summary table; `OUTPUT/tasks.json` has each task's seconds, peak memory and the memory its block added.
 
 Why datatrove: its three executors run one pipeline unchanged, mark completed tasks so that a relaunch reruns
 only the others, and keep a log per task (FineWeb was built with it); the blocks and their rules stay ours.
@@ -123,6 +123,7 @@ def collect(plan, steps: list[tuple]) -> tuple[list[BlockStats], list[dict]]:
                 "tasks": count,
                 "seconds": [r["seconds"] for r in records],
                 "peak_rss_bytes": [r["peak_rss_bytes"] for r in records],
+                "rss_growth_bytes": [r.get("rss_growth_bytes") for r in records],  # None: a task of an older version
             }
         )
     stats = merge([r["stats"] for r in by_stage[s.DOCUMENTS]])

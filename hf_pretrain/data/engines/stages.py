@@ -82,12 +82,15 @@ class Plan:
 
 
 class PeakMemory:
-    """The peak resident memory of this process while the block runs (psutil, sampled every 20 ms)."""
+    """The peak resident memory of this process while the block runs (psutil, sampled every 20 ms), and `start`, its
+    resident memory when the block began: `peak - start` is what the block itself added (torch and transformers,
+    imported before, are not in it; memory an earlier task of the same worker process left allocated is)."""
 
     def __enter__(self):
         import psutil
 
-        self.process, self.peak, self._stop = psutil.Process(), 0, threading.Event()
+        self.process, self._stop = psutil.Process(), threading.Event()
+        self.start = self.peak = self.process.memory_info().rss
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
@@ -152,6 +155,7 @@ class Stage(PipelineStep):
                     "stats": [s.to_dict() for s in stats],
                     "seconds": time.perf_counter() - start,
                     "peak_rss_bytes": memory.peak,
+                    "rss_growth_bytes": memory.peak - memory.start,
                     **facts,
                 }
                 write_json(done, record)
