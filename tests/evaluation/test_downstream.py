@@ -103,6 +103,14 @@ def evaluator_example(evaluator, encoded):
     return s.examples[encoded.request.example]
 
 
+def test_the_chance_interval_is_an_accuracy_range():
+    low, high = chance_interval(0.25, 4)  # 2.576 x sqrt(0.25 x 0.75 / 4) = 0.56 either side: clipped below
+    assert low == 0.0 and high == pytest.approx(0.25 + 2.576 * math.sqrt(0.25 * 0.75 / 4))
+    assert chance_interval(0.5, 2)[1] == 1.0 and chance_interval(0.5, 10_000) == pytest.approx(
+        (0.4871, 0.5129), abs=1e-4
+    )
+
+
 def test_a_random_model_scores_at_chance(tokenizer):
     """Random weights know nothing: each task's primary figure lies in the 99 % binomial interval around chance."""
     evaluator = DownstreamEvaluator(tokenizer, THREE, limit=100, seed=11)

@@ -60,9 +60,10 @@ def stderr(p: float, n: int) -> float:
 
 
 def chance_interval(chance: float, n: int, z: float = 2.576) -> tuple[float, float]:
-    """Where the accuracy of a guesser falls on n examples, normal approximation of the binomial (z=2.576: 99 %)."""
+    """Where the accuracy of a guesser falls on n examples, normal approximation of the binomial (z=2.576: 99 %),
+    clipped to [0, 1] (an accuracy is never outside it; on a few examples the approximation's interval is)."""
     half = z * math.sqrt(chance * (1 - chance) / n)
-    return chance - half, chance + half
+    return max(0.0, chance - half), min(1.0, chance + half)
 
 
 def task_figures(examples: Sequence[Example], results: Sequence[ExampleResult], primary: str) -> dict[str, float]:
