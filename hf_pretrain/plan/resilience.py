@@ -6,7 +6,7 @@ negligible while `C << M`); the share of the run lost is then about `C / interva
 and on average half an interval of work redone per failure), plus the relaunch time per failure.
 - `C`: the training loop's stall of one asynchronous save: the state one rank stages (its weights and optimizer
   states, from the memory estimate) at the bandwidth of a copy into pinned host memory, `STAGING_BYTES_PER_S`, or
-  the measured stall (`--checkpoint-seconds`: `hf-pretrain report`'s checkpoint stalls over the saves made).
+  the measured stall (`--checkpoint-seconds`: the stall per save `hf-pretrain report` prints, from `goodput_saves`).
 - `M`: the job's mean time between failures: `--mtbf-hours`, or the failure rate per GPU of Llama 3's pretraining
   (419 unexpected interruptions in 54 days on 16,384 H100s, Meta 2024) divided by the run's GPUs.
 """

@@ -1,7 +1,7 @@
 """The run's goodput in one line, from the last training log that carries it (`telemetry/goodput.py`).
 
 `goodput_summary(records)`: e.g. `goodput 0.83 at step 52000: 139.7 h productive of 168.0 h; lost to 3 restarts
-5.1 h, checkpoint stalls 12.0 min, evaluations 1.1 h, other (start-up, data, logging) 21.7 h`; None for a run
+5.1 h, checkpoint stalls 12.0 min (36 saves, 20.0 s each), evaluations 1.1 h, other (start-up, data, logging) 21.7 h`; None for a run
 logged without it (telemetry off, or before goodput was logged).
 """
 
@@ -30,7 +30,11 @@ def goodput_summary(records: list[dict]) -> str | None:
     for kind, label in KINDS:
         seconds = last.get(f"goodput_{kind}_s", 0.0)
         other -= seconds
-        parts.append(f"{label.format(restarts=restarts, s='' if restarts == 1 else 's')} {_duration(seconds)}")
+        part = f"{label.format(restarts=restarts, s='' if restarts == 1 else 's')} {_duration(seconds)}"
+        saves = int(last.get("goodput_saves", 0))
+        if kind == "checkpoint" and saves:  # one save's stall: what `hf-pretrain plan --checkpoint-seconds` takes
+            part += f" ({saves} save{'' if saves == 1 else 's'}, {_duration(seconds / saves)} each)"
+        parts.append(part)
     parts.append(f"other (start-up, data, logging) {_duration(max(other, 0.0))}")
     return (
         f"goodput {last['goodput']:.2f} at step {last['step']}: {_duration(productive)} productive of "

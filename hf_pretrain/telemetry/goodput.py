@@ -7,7 +7,8 @@ Logged keys (with every training log; clock readings, so kept out of `state.log_
 - `goodput_productive_s`: the optimizer steps that count (from one step's end to the next, less any save or
   evaluation in between; the first step of an attempt from its start);
 - `goodput_checkpoint_s`: the training loop stalled by checkpoint saves (with asynchronous saves, the staging
-  and any wait for the previous write);
+  and any wait for the previous write); `goodput_saves`, how many saves (the stall of one, `hf-pretrain plan
+  --checkpoint-seconds`, is their quotient, which `hf-pretrain report` prints);
 - `goodput_eval_s`: evaluations during training;
 - `goodput_restart_s`: time lost to failures: from each resumed checkpoint to the first step of the attempt
   that resumed it (the steps redone, the relaunch, start-up); `goodput_restarts`, how many;
@@ -40,6 +41,7 @@ class GoodputCallback(PretrainCallback):
     def __init__(self):
         self.seconds = dict.fromkeys(KINDS, 0.0)
         self.restarts = 0
+        self.saves = 0
         self.run_start: float | None = None
         self.excluded_s = 0.0  # stopped by choice between attempts: not wall time of the run
         self._lost_since: float | None = None  # a resumed checkpoint's time: lost until the first step
@@ -58,6 +60,7 @@ class GoodputCallback(PretrainCallback):
             return
         self.seconds = {kind: float(saved.get(f"{kind}_s", 0.0)) for kind in KINDS}
         self.restarts = int(saved.get("restarts", 0))
+        self.saves = int(saved.get("saves", 0))
         self.run_start = float(saved["run_start"])
         self.excluded_s = float(saved.get("excluded_s", 0.0))
         checkpoint_time = float(saved["time"])
@@ -71,12 +74,14 @@ class GoodputCallback(PretrainCallback):
         """A save (`checkpoint`) or an evaluation (`eval`) that stalled the training loop for `seconds`."""
         self.seconds[kind] += seconds
         self._phases_s += seconds
+        self.saves += kind == "checkpoint"
 
     def state(self) -> dict:
         """The counters as of now, for a checkpoint."""
         return {
             **{f"{kind}_s": value for kind, value in self.seconds.items()},
             "restarts": self.restarts,
+            "saves": self.saves,
             "run_start": self.run_start,
             "excluded_s": self.excluded_s,
             "time": time.time(),
@@ -104,4 +109,5 @@ class GoodputCallback(PretrainCallback):
         logs = {"goodput": self.seconds["productive"] / wall, "goodput_wall_s": wall}
         logs.update({f"goodput_{kind}_s": value for kind, value in self.seconds.items()})
         logs["goodput_restarts"] = self.restarts
+        logs["goodput_saves"] = self.saves
         return logs

@@ -99,4 +99,6 @@ def test_report_says_where_the_wall_time_went(tmp_path, capsys):
         "goodput 0.75 at step 20: 1.5 h productive of 2.0 h; lost to 2 restarts 15.0 min, checkpoint stalls "
         "1.0 min, evaluations 5.0 min, other (start-up, data, logging) 9.0 min"
     )
+    records[-1]["goodput_saves"] = 4  # one save's stall said too: the figure plan --checkpoint-seconds takes
+    assert ", checkpoint stalls 1.0 min (4 saves, 15.0 s each), evaluations 5.0 min" in goodput_summary(records)
     assert "goodput 0.75 at step 20" in (tmp_path / "report.html").read_text()

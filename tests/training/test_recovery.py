@@ -168,6 +168,9 @@ def test_auto_starts_then_resumes_after_a_failure_and_goodput_counts_the_loss(tm
     )  # the newest
     last = [r for r in read_jsonl(tmp_path) if "goodput" in r][-1]
     assert last["goodput_restarts"] == 1
+    # checkpoint-4's counters hold the save at 2 (its own is added after them); then the save at 6. The last log
+    # (step 8) comes before step 8's save, as the Trainer logs before it saves
+    assert last["goodput_saves"] == 2
     assert last["goodput_restart_s"] >= second.started - first.end_time  # at least the relaunch
     spent = sum(last[f"goodput_{kind}_s"] for kind in ("productive", "checkpoint", "eval", "restart"))
     assert 0 < last["goodput"] < 1 and last["goodput_checkpoint_s"] > 0 and spent <= last["goodput_wall_s"]
