@@ -4,6 +4,9 @@ the attempts and the restart-loop guard across real `train()` calls as a launche
 in tests/distributed/test_multiprocess_resume.py."""
 
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -117,6 +120,41 @@ def test_the_heartbeat_carries_each_step_at_once_not_a_poll_later(tmp_path):
         watchdog.beat(step)
         wait_for(lambda step=step: json.loads(heartbeat_path(tmp_path, 0).read_text())["step"] == step, 10)
     watchdog.stop()
+
+
+TERMINATED_CHILD = """
+import sys, threading
+from hf_pretrain.training.recovery.watchdog import HangWatchdog, WatchdogSettings
+
+def waits_for_a_peer(event):  # as a rank blocked in a collective: the launcher ends it with SIGTERM
+    print("ready", flush=True)
+    event.wait()
+
+watchdog = HangWatchdog(sys.argv[1], 1, 2, WatchdogSettings(min_s=300, floor_s=300), attempt=2)
+watchdog.start(step=5)
+waits_for_a_peer(threading.Event())
+"""
+
+
+def test_a_rank_the_launcher_terminates_writes_its_stacks_then_ends_as_sigterm_does(tmp_path):
+    stale = tmp_path / "stacks-rank1-attempt1-terminated.txt"
+    tmp_path.mkdir(exist_ok=True)
+    stale.touch()  # an earlier attempt's file that no SIGTERM wrote (that attempt was SIGKILLed)
+    child = subprocess.Popen([sys.executable, "-c", TERMINATED_CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(60) == -signal.SIGTERM  # the default action still ends it (chained)
+    stacks = (tmp_path / "stacks-rank1-attempt2-terminated.txt").read_text()
+    assert "in waits_for_a_peer" in stacks and "in _run" in stacks  # the main thread and the watchdog's
+    assert not stale.exists()
+
+
+def test_a_clean_stop_leaves_no_terminated_stacks_file(tmp_path):
+    watchdog = HangWatchdog(tmp_path, 0, 1, WatchdogSettings(min_s=300, floor_s=300), exit=FakeExit())
+    watchdog.start(step=0)
+    assert watchdog.terminated_stacks_path().exists()
+    watchdog.stop()
+    assert not watchdog.terminated_stacks_path().exists()
 
 
 STEPS = 8

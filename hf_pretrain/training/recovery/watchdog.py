@@ -10,7 +10,11 @@ step make no error: the job sits there. Each rank runs a thread that wakes every
 - past the timeout without a step it writes every thread's Python stack (`faulthandler`) to
   `stacks-rank<r>-step<s>.txt` (and NCCL's flight recorder where torch keeps one), logs which ranks stopped
   reporting, records the hang in the attempts (`attempts.py`) and exits with `HANG_EXIT_CODE`, so a launcher
-  with restarts left starts the run again (from the newest checkpoint with `resume_from_checkpoint="auto"`).
+  with restarts left starts the run again (from the newest checkpoint with `resume_from_checkpoint="auto"`);
+- when the launcher ends the rank with SIGTERM (it does to every rank once one failed, the hung rank's own exit
+  included), `faulthandler`'s signal handler writes its stacks to `stacks-rank<r>-attempt<a>-terminated.txt`
+  before the default action ends it: a rank waiting in a collective is caught in C code, where no Python
+  handler would run. The file is opened at the start (the handler cannot open one) and removed at a clean stop.
 
 The timeout: `factor` x the median of the last steps' durations, at least `min_s`; `floor_s` until
 `WARMUP_STEPS` steps were timed (compilation, the first collectives, data start-up) and during a save or an
@@ -25,6 +29,7 @@ import contextlib
 import faulthandler
 import json
 import os
+import signal
 import socket
 import statistics
 import threading
@@ -94,12 +99,14 @@ class HangWatchdog:
         self._stepped = threading.Event()  # wakes the watchdog thread to write the new step at once
         self._thread: threading.Thread | None = None
         self._last_activity = time.monotonic()
+        self._terminated = None  # the open file SIGTERM writes the stacks to
 
     # The training thread's side: one clock read per step, nothing written (the watchdog thread writes the step).
     def start(self, step: int) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.step, self.step_time, self._last_activity = step, time.time(), time.monotonic()
         self._write_heartbeat()
+        self._dump_stacks_on_sigterm()
         self._thread = threading.Thread(target=self._run, name="hf_pretrain-hang-watchdog", daemon=True)
         self._thread.start()
 
@@ -127,6 +134,27 @@ class HangWatchdog:
         self._stepped.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5 * self.settings.poll_s)
+        self._forget_sigterm()
+
+    def terminated_stacks_path(self) -> Path:
+        return self.folder / f"stacks-rank{self.rank}-attempt{self.attempt}-terminated.txt"
+
+    def _dump_stacks_on_sigterm(self) -> None:
+        if not hasattr(faulthandler, "register"):  # Windows
+            return
+        for stale in self.folder.glob(f"stacks-rank{self.rank}-attempt*-terminated.txt"):
+            with contextlib.suppress(OSError):
+                if stale.stat().st_size == 0:  # an attempt that ended without SIGTERM (SIGKILL, a hang's exit)
+                    stale.unlink()
+        self._terminated = self.terminated_stacks_path().open("w", encoding="utf-8")  # open until stop()
+        faulthandler.register(signal.SIGTERM, file=self._terminated, all_threads=True, chain=True)
+
+    def _forget_sigterm(self) -> None:
+        if self._terminated is not None:
+            faulthandler.unregister(signal.SIGTERM)
+            self._terminated.close()
+            Path(self._terminated.name).unlink(missing_ok=True)
+            self._terminated = None
 
     # The watchdog thread's side.
     def timeout_s(self) -> tuple[float, str]:
@@ -187,6 +215,7 @@ class HangWatchdog:
         if self.on_hang is not None:
             with contextlib.suppress(Exception):
                 self.on_hang(self.fired)
+        self._forget_sigterm()  # its stacks are written above
         self._exit(HANG_EXIT_CODE)
 
     def peers(self) -> str:
