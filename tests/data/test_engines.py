@@ -351,6 +351,31 @@ def test_slurm_executor_gives_the_one_machine_result(corpus, tmp_path, slurm_env
     assert_one_machine_result(corpus, out)
 
 
+@needs_datatrove
+def test_slurm_without_its_commands_is_one_line_before_any_data_work(corpus, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # a machine that is no Slurm login node
+    out = tmp_path / "slurm"
+    assert main(["data", "prepare", str(config_file(corpus, out, kind="slurm", tasks=2))]) == 2
+    error = capsys.readouterr().err
+    assert "executor kind='slurm': sbatch, squeue, sinfo, scancel not on PATH" in error, error
+    assert "Traceback" not in error and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "option, refused",
+    [({"partition": "nosuch"}, "Invalid partition"), ({"sbatch_args": {"nodes": 5}}, "not available")],
+)
+def test_a_task_the_cluster_would_refuse_is_one_line_before_any_submission(
+    corpus, tmp_path, slurm_env, option, refused
+):
+    out = tmp_path / "slurm"
+    run = cli(str(config_file(corpus, out, kind="slurm", tasks=2, mem_per_cpu_gb=1, **option)), env=slurm_env)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "the cluster refuses a task as configured" in run.stderr and refused in run.stderr, run.stderr
+    assert "in the executor section" in run.stderr and "Traceback" not in run.stderr
+    assert not out.exists()  # nothing read, nothing submitted
+
+
 # ---- faults ----------------------------------------------------------------------------------------------------------
 
 FAULTY_LAUNCH = """

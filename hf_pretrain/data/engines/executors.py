@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -104,6 +105,37 @@ class RayRunner(Runner):
             logging_dir=str(self.logs / stage.folder),
             cpus_per_task=self.config.cpus_per_task,
             mem_per_cpu_gb=self.config.mem_per_cpu_gb,
+        )
+
+
+def check_slurm(c: ExecutorConfig) -> None:
+    """Before any data work: the Slurm commands are here and the cluster would accept a task as configured.
+
+    `sbatch --test-only` validates the options a task is submitted with (partition, time, qos, memory, the extra
+    `sbatch_args`) against the cluster without queueing anything; its refusal is one line naming the section.
+    """
+    missing = [name for name in ("sbatch", "squeue", "sinfo", "scancel") if shutil.which(name) is None]
+    if missing:
+        raise ValueError(
+            f"executor kind='slurm': {', '.join(missing)} not on PATH: run from a Slurm login node (where sbatch "
+            "works), or use --executor local|ray."
+        )
+    options = {
+        "partition": c.partition or default_partition(),
+        "time": c.time,
+        "cpus-per-task": c.cpus_per_task,
+        "mem-per-cpu": f"{c.mem_per_cpu_gb}G",
+        **({"qos": c.qos} if c.qos else {}),
+        **c.sbatch_args,
+    }
+    command = ["sbatch", "--test-only", *(f"--{k}={v}" for k, v in options.items()), "--wrap", "true"]
+    tried = subprocess.run(command, capture_output=True, text=True, check=False)
+    if tried.returncode != 0:
+        said = (tried.stderr.strip() or tried.stdout.strip()).splitlines()
+        raise ValueError(
+            f"executor kind='slurm': the cluster refuses a task as configured ({said[-1] if said else 'no reason'}; "
+            f"{' '.join(command[2:-2])}): fix partition, time, qos, cpus_per_task, mem_per_cpu_gb or sbatch_args "
+            "in the executor section."
         )
 
 
