@@ -188,14 +188,18 @@ def _fallback_warning(need: LayerNeed, choice: Choice, ideal: Choice, work: floa
     )
 
 
-def enforce_attention_policy(report: AttentionReport, policy: str, output_dir: str | Path | None = None) -> None:
-    """Write `preflight.json`, then warn (print), raise `AttentionFallbackError`, or stay quiet."""
+def enforce_attention_policy(
+    report: AttentionReport, policy: str, output_dir: str | Path | None = None, run: dict | None = None
+) -> None:
+    """Write `preflight.json` (with `run`: more of what the run was started with, e.g. its precision), then warn
+    (print), raise `AttentionFallbackError`, or stay quiet."""
     if policy not in POLICIES:
         raise ValueError(f"attn_fallback={policy!r} is invalid; use one of {list(POLICIES)}.")
     if output_dir is not None:
         path = Path(output_dir) / "preflight.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"attention": report.to_dict(), "host": platform.node()}, indent=2))
+        written = {"attention": report.to_dict(), "host": platform.node(), **(run or {})}
+        path.write_text(json.dumps(written, indent=2))
     if policy == "error" and report.warnings:
         raise AttentionFallbackError("attention preflight failed (attn_fallback='error'):\n" + report.table())
     if policy == "warn":

@@ -2,7 +2,7 @@
 
 Rows: the model and its size (`config.json`, written by `save_model`: parameters counted by
 `modeling/accounting.py` for hf_pretrain configs, the config's own type otherwise), tokens seen,
-the compute dtype and the attention kernels (`preflight.json`), then the last value of the
+the precision, the compute dtype and the attention kernels (`preflight.json`), then the last value of the
 training loss, held-out loss, learning rate, tokens/s, MFU, the downstream figures and the
 goodput (`goodput.py`) (telemetry.jsonl). What the run directory does not hold is said so, never invented.
 """
@@ -41,19 +41,29 @@ def _model(run_dir: Path) -> str:
     return f"{kind}, {config.get('num_hidden_layers', '?')} layers, width {config.get('hidden_size', '?')}"
 
 
-def _attention(run_dir: Path) -> tuple[str, str]:
+def _preflight(run_dir: Path) -> tuple[str, str, str]:
+    """The compute dtype, the attention kernels and the precision the run started with."""
     path = run_dir / "preflight.json"
     if not path.is_file():
-        return MISSING, MISSING
-    attention = json.loads(path.read_text()).get("attention", {})
+        return MISSING, MISSING, MISSING
+    written = json.loads(path.read_text())
+    attention = written.get("attention", {})
     kernels = ", ".join(f"{r['layers']} x {r['label']}: {r['backend']}" for r in attention.get("rows", []))
     where = f"{attention.get('dtype', '?')} on {attention.get('device', '?')}"
-    return where, kernels or MISSING
+    precision = written.get("precision")
+    if precision is None:
+        said = f"{MISSING} (preflight.json of an older version)"
+    else:
+        recipe = f"recipe {precision['recipe']}" if precision.get("recipe") else "no recipe"
+        scaling = f", {precision['scaling']} scaling" if precision.get("scaling") else ""
+        said = f"{precision['matmuls']} matmuls ({recipe}{scaling})"
+    return where, kernels or MISSING, said
 
 
 def summary_rows(run_dir: Path, records: list[dict]) -> list[tuple[str, str]]:
-    dtype, kernels = _attention(run_dir)
-    rows = [("model", _model(run_dir)), ("compute dtype", dtype), ("attention kernels", kernels)]
+    dtype, kernels, precision = _preflight(run_dir)
+    rows = [("model", _model(run_dir)), ("precision", precision), ("compute dtype", dtype)]
+    rows.append(("attention kernels", kernels))
     tokens = _last(records, "num_input_tokens_seen")
     rows.append(("tokens seen", f"{tokens:,.0f}" if tokens is not None else MISSING))
     rows.append(("optimizer steps", str(max((r["step"] for r in records), default=0))))

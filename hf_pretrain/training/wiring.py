@@ -28,7 +28,7 @@ from ..telemetry.jsonl import JsonlCallback
 from ..telemetry.mixture import MixtureCallback
 from ..telemetry.moe import MoECallback
 from ..telemetry.straggler import StragglerCallback
-from ..telemetry.throughput import ThroughputCallback, sequence_length
+from ..telemetry.throughput import ThroughputCallback, precision_of, sequence_length, torchao_scaling
 from ..telemetry.underclock import UnderclockCallback
 from .compile import compile_blocks, compile_kwargs, prepare_compile
 from .recovery.room import RecoveryCallback
@@ -121,8 +121,16 @@ def attention_preflight_for(trainer) -> tuple[AttentionReport | None, dict]:
     model.set_attention_plan(plan, pin=True)
     policy = _get(args, "attn_fallback", "warn")
     main = trainer.is_world_process_zero()
+    precision = {
+        "recipe": _get(args, "precision", None),
+        "matmuls": precision_of(args, model),
+        "scaling": torchao_scaling(args),
+    }
     enforce_attention_policy(
-        report, policy if main or policy == "error" else "ignore", args.output_dir if main else None
+        report,
+        policy if main or policy == "error" else "ignore",
+        args.output_dir if main else None,
+        {"precision": precision},
     )
     pending = {}
     if report.warnings and policy == "warn":

@@ -205,6 +205,7 @@ def test_report_draws_the_downstream_panels_and_summarises_the_run(trained, tmp_
     text = page.read_text()
     assert "<th>model</th><td>hf_pretrain, " in text and "M parameters" in text  # from the saved config.json
     assert "<th>attention kernels</th><td>2 x full: sdpa</td>" in text  # from preflight.json
+    assert "<th>precision</th><td>fp32 matmuls (no recipe)</td>" in text  # the trainer wrote it there
     assert "<th>downstream arc_easy</th><td>acc " in text and "<th>tokens seen</th><td>1,024</td>" in text
 
 

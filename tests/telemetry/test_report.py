@@ -102,3 +102,38 @@ def test_report_says_where_the_wall_time_went(tmp_path, capsys):
     records[-1]["goodput_saves"] = 4  # one save's stall said too: the figure plan --checkpoint-seconds takes
     assert ", checkpoint stalls 1.0 min (4 saves, 15.0 s each), evaluations 5.0 min" in goodput_summary(records)
     assert "goodput 0.75 at step 20" in (tmp_path / "report.html").read_text()
+
+
+def test_report_draws_lr_beside_the_losses_rates_from_zero_and_summarises_the_final_figures(tmp_path, monkeypatch):
+    import hf_pretrain.report.dashboard as dashboard
+
+    records = two_node_records()[:5]
+    for record in records:
+        record.update(learning_rate=1e-3 * record["step"] / 50, eval_loss=record["loss"] + 0.3)
+    write_run(tmp_path, records)
+    precision = {"recipe": "fp8", "matmuls": "fp8", "scaling": "rowwise"}
+    (tmp_path / "preflight.json").write_text(json.dumps({"attention": {"rows": []}, "precision": precision}))
+    figures = []
+    monkeypatch.setattr(dashboard.plt, "close", figures.append)
+    _, page = render_report(tmp_path)
+    axes = {ax.get_title().split(" ")[0]: ax for ax in figures[0].axes if ax.get_title()}
+    loss = axes["loss"]
+    assert {line.get_label() for line in loss.lines if line.get_label()[0] != "_"} == {"loss", "eval_loss"}
+    (twin,) = [ax for ax in figures[0].axes if ax is not loss and ax.bbox.bounds == loss.bbox.bounds]
+    assert [line.get_label() for line in twin.lines] == ["learning_rate"] and twin.get_ylim()[0] == 0
+    assert axes["tokens"].get_ylim()[0] == 0 and axes["MFU"].get_ylim()[0] == 0  # 5,000-9,000 tokens/s from 0
+    assert loss.get_ylim()[0] > 0  # a loss keeps its own range
+    text = page.read_text()
+    assert "<th>precision</th><td>fp8 matmuls (recipe fp8, rowwise scaling)</td>" in text
+    assert "<th>training loss</th><td>7.0000</td>" in text and "<th>held-out loss</th><td>7.3000</td>" in text
+    assert "<th>learning rate</th><td>0.001</td>" in text and "<th>MFU (spec)</th><td>20.0%</td>" in text
+    assert "<th>tokens / s</th><td>5,000</td>" in text  # the last, not the best
+
+
+def test_report_says_an_older_preflight_holds_no_precision(tmp_path):
+    write_run(tmp_path, two_node_records()[:3])
+    (tmp_path / "preflight.json").write_text(json.dumps({"attention": {"rows": []}}))
+    _, page = render_report(tmp_path)
+    assert (
+        "<th>precision</th><td>not in the run directory (preflight.json of an older version)</td>" in page.read_text()
+    )
