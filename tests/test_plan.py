@@ -5,6 +5,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -395,6 +396,10 @@ def test_cli_writes_files_accelerate_and_the_example_accept(flags, distributed_t
     printed = capsys.readouterr().out
     assert "predicted" in printed and "MFU 0.400" in printed and "accelerate launch" in printed
     saved = json.loads((out / "plan.json").read_text())
+    every, count, share = re.search(
+        r"--downstream_every (\d+): (\d+) evaluations, ~([\d.]+)% of the run", printed
+    ).groups()
+    assert int(every) * int(count) <= saved["batch"]["steps"] and float(share) <= 1.0  # the suite within 1 % of the run
     accel = load_config_from_file(str(out / "accelerate_config.yaml"))  # accelerate's own loader
     assert accel.distributed_type.value == distributed_type and accel.num_processes == saved["batch"]["gpus"]
     if distributed_type == "DEEPSPEED":
