@@ -145,6 +145,8 @@ class PretrainTrainer(TrainerPrivateOverrides):
                 saved = read_run_state(checkpoint)
         except BaseException as failure:
             error = failure
+            with self.recovery.phase("checkpoint"):
+                self.checkpointing.settle_after_failure()
             raise
         finally:  # the callback list is the user's again, as with Trainer
             self.recovery.finish(error)

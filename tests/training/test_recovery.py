@@ -230,6 +230,14 @@ def test_the_watchdog_waits_out_the_last_background_write_after_the_last_step(tm
     assert read_attempts(tmp_path)[-1].ended == "finished"
 
 
+def test_a_failed_train_lets_its_save_in_flight_finish_before_it_raises(tmp_path):
+    slow = WriteFault("slow", seconds=1.0)  # checkpoint-2's write still runs when step 3 raises
+    with pytest.raises(RuntimeError, match="injected at step 3"):
+        train(tmp_path, fail_at=3, trainer_class=WriteFaultTrainer, write_fault=(2, 0, slow))
+    assert (tmp_path / "checkpoint-2" / "write-fault.pt").exists()  # whole and in place, for a train() that follows
+    assert not (tmp_path / ".saving").exists()
+
+
 def test_the_same_failure_at_the_same_step_stops_the_restarts(tmp_path, monkeypatch):
     for restart in (0, 1):
         monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))

@@ -254,6 +254,19 @@ class Checkpointing:
             self.background.close()
             self.background.raise_if_failed()
 
+    def settle_after_failure(self) -> None:
+        """A one-process `train()` that raises first lets its save in flight finish, so a `train()` that follows in
+        the same process (a notebook, a retry loop) finds that checkpoint whole rather than racing its writer for
+        `.saving/`. With several ranks the write waits on the others, which may be gone: the process ends as it is
+        and the next start clears what the write left."""
+        background = self.background
+        if background is None or self.trainer.args.world_size != 1:
+            return
+        background.close()
+        if background.error is not None:  # the exception in flight stands; this one is said, not lost
+            logger.warning(f"The background save in flight when train() failed also failed: {background.error}")
+            background.error = None
+
     def _write_failed(self, name: str, staged: str, run_dir: str, error: BaseException | None, failed: list[int]):
         """The error the next step raises for a failed background write; the half-written folder goes."""
         if self.trainer.args.should_save:

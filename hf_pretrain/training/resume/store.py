@@ -45,7 +45,8 @@ def clear_staging(run_dir: str) -> list[str]:
     if not root.is_dir():
         return []
     left = sorted(p.name for p in root.iterdir())
-    shutil.rmtree(root)
+    with contextlib.suppress(FileNotFoundError):  # a writer's promote may remove the emptied folder meanwhile
+        shutil.rmtree(root)
     return left
 
 
