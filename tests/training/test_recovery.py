@@ -119,6 +119,8 @@ def test_the_heartbeat_carries_each_step_at_once_not_a_poll_later(tmp_path):
     for step in (1, 2, 3):
         watchdog.beat(step)
         wait_for(lambda step=step: json.loads(heartbeat_path(tmp_path, 0).read_text())["step"] == step, 10)
+        assert json.loads(heartbeat_path(tmp_path, 0).read_text())["step"] == step
+    assert watchdog.timeout_s()[0] == 300.0  # the poll never came: each step was written by beat's wake-up
     watchdog.stop()
 
 
