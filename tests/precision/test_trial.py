@@ -21,9 +21,11 @@ def test_trial_command_end_to_end_on_cpu(tmp_path, capsys):
             "--recipes",
             "fp32,fp8,te-nvfp4",
             "--steps",
-            "6",
+            "4",
             "--warmup-steps",
-            "2",
+            "1",
+            "--loss-window",
+            "3",
             "--seq-len",
             "64",
             "--batch-size",
@@ -53,7 +55,7 @@ def test_trial_command_end_to_end_on_cpu(tmp_path, capsys):
     assert rows["fp32"]["emulated"] is False and rows["fp32"]["reason"] == ""
     assert rows["fp32"]["step_time_vs_first"] == 1.0
     assert rows["te-nvfp4"]["status"] == "unavailable" and "transformer_engine" in rows["te-nvfp4"]["reason"]
-    assert result["recommendation"] == "fp32" and result["note"] == CAVEAT and result["loss_window"] == 5
+    assert result["recommendation"] == "fp32" and result["note"] == CAVEAT and result["loss_window"] == 3
     markdown = (out / "trial.md").read_text()
     assert "te-nvfp4 | unavailable" in markdown and CAVEAT in markdown and "Recommendation" in markdown
     assert "| fp8 (emulated) |" in markdown and "Emulated here" in markdown
