@@ -17,7 +17,9 @@ from pathlib import Path
 
 from .launch import RunResult, Topology
 
-LOSS_TOLERANCE = 1e-5  # absolute, per rank and step: the same samples and state give the same loss on a CPU
+# Absolute, per rank and step. On a CPU a resume gives every loss bit for bit (the tests require 0, the check
+# prints the largest gap); on GPUs nondeterministic reductions may move the last bits.
+LOSS_TOLERANCE = 1e-5
 
 
 @dataclass

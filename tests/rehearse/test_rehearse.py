@@ -188,6 +188,7 @@ def test_the_shipped_configs_pass(tmp_path, monkeypatch, config):
     result, checks = rehearsal(tmp_path, monkeypatch, CONFIGS / config)
     assert result.passed, "\n".join(f"{c.name}: {c.status}: {c.detail} {c.fix}" for c in checks.values())
     assert len(checks) == 6
+    assert "max |difference| 0.0e+00" in checks["resume exactness"].detail  # on CPU: every loss bit for bit
     if config == "two_nodes.yaml":
         assert "2 ranks on 2 node(s)" in checks["rendezvous"].detail
 
@@ -200,6 +201,8 @@ def test_a_killed_and_a_hung_rank_recover_unattended(tmp_path, monkeypatch):
     assert result.passed, "\n".join(f"{c.name}: {c.status}: {c.detail} {c.fix}" for c in checks.values())
     assert "resumed by itself" in checks["kill -9, unattended restart"].detail
     assert "named the stopped rank" in checks["hung rank, watchdog restart"].detail
+    for name in ("resume exactness", "kill -9, unattended restart", "hung rank, watchdog restart"):
+        assert "max |difference| 0.0e+00" in checks[name].detail, name  # on CPU: every loss bit for bit
 
 
 @EXHAUSTIVE
