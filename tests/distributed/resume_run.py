@@ -1,7 +1,8 @@
 """Launched by test_multiprocess_resume.py under `accelerate launch`: a run whose epoch does not divide evenly.
 
 Usage: python tests/distributed/resume_run.py OUTPUT_DIR PER_DEVICE_BATCH
-       [straight | kill:STEP | resume | restart-kill-in-write:STEP | restart-stop:STEP] [DEEPSPEED_JSON]
+       [straight | kill:STEP | resume | restart-kill-in-write:STEP | restart-stop:STEP | restart-loop-kill:STEP]
+       [DEEPSPEED_JSON]
 44 rows at a global micro-batch of 12: every epoch ends with a short batch that accelerate (even_batches)
 completes with the epoch's first samples. Checkpoints every 3 steps, 15 steps, one dataloader worker,
 spawned once per run (forked by a rank it can hang: hf_pretrain/training/processes.py).
@@ -10,6 +11,8 @@ continues from the newest checkpoint. The `restart-` modes are launched with res
 "auto"; their fault happens in the first attempt only: `restart-kill-in-write:STEP` holds rank 1's background
 write of checkpoint-STEP open and SIGKILLs rank 1 at the end of the next step (the write still open);
 `restart-stop:STEP` SIGSTOPs rank 1 at the end of STEP (a hung rank: the watchdog must catch it).
+`restart-loop-kill:STEP` SIGKILLs rank 1 at the end of STEP in every attempt (a fault no restart mends), with the
+restart-loop guard at 2 attempts.
 Writes OUTPUT_DIR/losses-<run>-rank<r>.json with the loss of every step (run: straight, killed, resumed,
 restarted<attempt>) and OUTPUT_DIR/fault.json with the rank, step and kind of the fault.
 """
@@ -90,6 +93,9 @@ def main(output_dir: str, per_device: int, mode: str = "", deepspeed: str | None
     fault, write_fault, marker = None, None, Path(output_dir) / "write-open"
     if kind == "kill":
         fault = ("kill", int(step))
+    elif kind == "restart-loop-kill":  # every attempt
+        fault = ("kill", int(step))
+        args.restart_same_failure_limit = 2
     elif restarted and restart_count() == 0:  # the first attempt only
         kind = kind.removeprefix("restart-")
         fault = (kind, int(step) + (kind == "kill-in-write"))

@@ -1,7 +1,8 @@
 """Exact resume of a real 2-rank gloo run whose epoch does not divide into global batches, after a rank
 is killed (SIGKILL), with a dataloader worker; and a resume on another number of processes. Unattended recovery:
 the launcher restarts the run (`--max_restarts 1`) after a rank is killed during a checkpoint's background write,
-or after the hang watchdog caught a stopped rank (SIGSTOP), and the run resumes by itself (`"auto"`)."""
+or after the hang watchdog caught a stopped rank (SIGSTOP), and the run resumes by itself (`"auto"`); a restart
+loop (the same kill at the same step in every attempt) is stopped with the reason."""
 
 import json
 import re
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-from hf_pretrain.training.recovery.attempts import RESTARTABLE, read_attempts
+from hf_pretrain.training.recovery.attempts import REFUSED, RESTARTABLE, read_attempts
 from hf_pretrain.training.recovery.watchdog import HANG_EXIT_CODE
 from tests.distributed.test_distributed import CONFIGS, ENV, ROOT, free_port
 
@@ -101,6 +102,25 @@ def test_a_rank_killed_during_a_background_write_restarts_unattended_from_the_ch
     assert fault == {"rank": 1, "step": 7, "kind": "kill-in-write", "write_open": True}  # trained on while it wrote
     assert "Removed what an interrupted save left in" in result.stdout and "['checkpoint-6']" in result.stdout
     assert_recovered(result, tmp_path, losses(straight, "straight"), resumed_from=3)
+
+
+def test_a_restart_loop_that_fails_at_the_same_step_each_time_stops_with_the_reason(tmp_path, straight):
+    """A real launcher (--max_restarts 2) restarts a run whose rank 1 is killed (outside any write) at step 5 in
+    every attempt: the restart resumes by itself, bit for bit, and the third attempt refuses to train and says why
+    instead of burning the restarts."""
+    result = launch(tmp_path, 6, "restart-loop-kill:5", restarts=2)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    attempts = read_attempts(tmp_path)
+    assert [(a.restart, a.resumed_step) for a in attempts] == [(0, 0), (1, 3), (2, 3)], attempts
+    assert [a.last_step for a in attempts[:2]] == [5, 5], attempts
+    assert attempts[0].failure == attempts[1].failure is not None, attempts  # the same failure, both times
+    assert attempts[2].ended == REFUSED
+    reason = "Not training again: the last 2 attempts all failed at step 5 after resuming from step 3"
+    assert reason in output, output[-3000:]
+    assert not (tmp_path / "losses-restarted2-rank0.json").exists()  # refused before its first step
+    # the restart's step 4 (step 5 is killed before it is logged): the loss of the uninterrupted run, bit for bit
+    assert losses(tmp_path, "restarted1") == {4: losses(straight, "straight")[4]}
 
 
 @pytest.mark.exhaustive  # make test: the watchdog's one-process tests (test_recovery.py); this launch waits out

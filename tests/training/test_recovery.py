@@ -48,6 +48,16 @@ def test_a_restart_loop_is_the_same_failure_at_the_same_step_in_a_row():
     assert no_progress([*same[:2], attempt(2, 12, "finished", 9)], 3) is None
     hangs = [attempt(r, 7, f"hang: no optimizer step for {30 + r} s ...") for r in range(3)]
     assert no_progress(hangs, 3) is not None  # a hang is a hang, whatever its timings
+    # a killed peer, seen by the survivor: gloo's two wordings, with the peer's port (real lines of two attempts)
+    pair = "exception: RuntimeError: [../gloo/transport/tcp/pair.cc:{}] "
+    resets = [
+        attempt(0, 5, pair.format(537) + "Read error [127.0.0.1]:58266: Connection reset by peer. This is ...", 3),
+        attempt(1, 5, pair.format(589) + "Connection closed by peer [127.0.0.1]:2265. This is typically ...", 3),
+    ]
+    assert no_progress(resets, 2) is not None
+    other = "exception: ValueError: tensor size 12 is not 13"
+    assert no_progress([attempt(0, 5, other.replace("13", "14"), 3), attempt(1, 5, other, 3)], 2) is not None
+    assert no_progress([resets[0], attempt(1, 5, other, 3)], 2) is None  # another failure
     assert no_progress([*same, attempt(3, 0, REFUSED)], 3) is not None  # a refused restart changes nothing
     assert no_progress([*same[:2], attempt(0, 12, crash, 9)], 3) is None  # a person launched again: counted anew
 

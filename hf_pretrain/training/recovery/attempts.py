@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +27,13 @@ FOLDER = "recovery"
 ATTEMPTS_NAME = "attempts.json"
 KILLED = "killed (no reason recorded: SIGKILL, the OOM killer or a lost node)"
 REFUSED = "refused: restart loop"
+NUMBER = re.compile(r"0x[0-9a-fA-F]+|\d+")
+PEER_LOST = "a peer rank was lost"
+# How a survivor's collective fails when a peer dies: gloo says "Connection closed by peer" or "Read error ...:
+# Connection reset by peer" depending on where it was (both seen after one SIGKILL), NCCL "remote process exited".
+LOST_PEER_WORDS = re.compile(
+    r"connection (closed|reset) by peer|broken pipe|remote process exited|communicator was aborted", re.IGNORECASE
+)
 
 
 # What a launch with restarts needs from torch elastic (2.13): a new rendezvous store for each attempt. The agent's
@@ -77,11 +85,16 @@ class Attempt:
 
     @property
     def failure(self) -> str | None:
-        """What a failure is compared by: its kind and its first line (numbers of timing left out of hangs)."""
+        """What a failure is compared by: a hang by its kind; a lost peer (a surviving rank's collective failing
+        because another rank died) as one failure, whichever way the transport words it; anything else by its
+        first line with every number left out (a peer's port, an address, a size or a time changes from one
+        attempt to the next)."""
         if self.ended in ("finished", REFUSED):
             return None
-        ended = self.ended or KILLED
-        return ended.split(":")[0] if ended.startswith("hang") else ended.splitlines()[0]
+        first = (self.ended or KILLED).splitlines()[0]
+        if first.startswith("hang"):
+            return "hang"
+        return PEER_LOST if LOST_PEER_WORDS.search(first) else NUMBER.sub("#", first)
 
 
 def read_attempts(output_dir: str | os.PathLike) -> list[Attempt]:
