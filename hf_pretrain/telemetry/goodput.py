@@ -70,11 +70,12 @@ class GoodputCallback(PretrainCallback):
             self.excluded_s += max(0.0, now - previous_end)
             self.seconds["restart"] += max(0.0, previous_end - checkpoint_time)
 
-    def add(self, kind: str, seconds: float) -> None:
-        """A save (`checkpoint`) or an evaluation (`eval`) that stalled the training loop for `seconds`."""
+    def add(self, kind: str, seconds: float, count: bool = True) -> None:
+        """A save (`checkpoint`) or an evaluation (`eval`) that stalled the training loop for `seconds`; `count`
+        False for a wait on a save counted before (its stall added, not another save)."""
         self.seconds[kind] += seconds
         self._phases_s += seconds
-        self.saves += kind == "checkpoint"
+        self.saves += kind == "checkpoint" and count
 
     def state(self) -> dict:
         """The counters as of now, for a checkpoint."""

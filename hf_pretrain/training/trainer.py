@@ -134,7 +134,7 @@ class PretrainTrainer(TrainerPrivateOverrides):
             while True:
                 self.data_position.resume(saved)
                 output = super().train(checkpoint, *args, **kwargs)
-                with self.recovery.phase("checkpoint"):  # the watchdog's save floor while the last write ends
+                with self.recovery.phase("checkpoint", count=False):  # the watchdog's save floor: the last write ends
                     self.checkpointing.finish()  # the last background save complete (or raised) before train() returns
                 guard = self.loss_guard
                 if guard is None or guard.rollback_from is None:
@@ -145,7 +145,7 @@ class PretrainTrainer(TrainerPrivateOverrides):
                 saved = read_run_state(checkpoint)
         except BaseException as failure:
             error = failure
-            with self.recovery.phase("checkpoint"):
+            with self.recovery.phase("checkpoint", count=False):
                 self.checkpointing.settle_after_failure()
             raise
         finally:  # the callback list is the user's again, as with Trainer

@@ -16,6 +16,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from hf_pretrain import PretrainForCausalLM, PretrainTrainer, get_preset
+from hf_pretrain.telemetry.goodput import GoodputCallback
 from hf_pretrain.telemetry.jsonl import read_jsonl
 from hf_pretrain.training.recovery import room
 from hf_pretrain.training.recovery.attempts import (
@@ -224,6 +225,22 @@ def test_auto_starts_then_resumes_after_a_failure_and_goodput_counts_the_loss(tm
     assert last["goodput_restart_s"] >= second.started - first.end_time  # at least the relaunch
     spent = sum(last[f"goodput_{kind}_s"] for kind in ("productive", "checkpoint", "eval", "restart"))
     assert 0 < last["goodput"] < 1 and last["goodput_checkpoint_s"] > 0 and spent <= last["goodput_wall_s"]
+
+
+def test_goodput_counts_each_save_once_and_the_wait_for_the_last_write_as_stall_only(tmp_path, monkeypatch):
+    seen = []
+    original = GoodputCallback.add
+
+    def add(self, kind, seconds, count=True):
+        original(self, kind, seconds, count)
+        seen.append((kind, count, self.saves, self.seconds["checkpoint"]))
+
+    monkeypatch.setattr(GoodputCallback, "add", add)
+    train(tmp_path, telemetry=True)
+    saves = [entry for entry in seen if entry[0] == "checkpoint"]
+    assert len(saves) == STEPS // 2 + 1  # a save every 2 steps, then train()'s wait for the last write
+    assert [count for _, _, count, _ in saves] == [1, 2, 3, 4, 4]
+    assert saves[-1][1] is False and saves[-1][3] >= saves[-2][3]  # the wait: stall time, not a fifth save
 
 
 def test_the_watchdog_waits_out_the_last_background_write_after_the_last_step(tmp_path, monkeypatch):

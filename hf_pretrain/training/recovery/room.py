@@ -123,8 +123,9 @@ class Recovery:
             self.watchdog.start(checkpoint_step(checkpoint))
 
     @contextlib.contextmanager
-    def phase(self, kind: str):
-        """A save (`checkpoint`) or an evaluation (`eval`) inside `train()`."""
+    def phase(self, kind: str, count: bool = True):
+        """A save (`checkpoint`) or an evaluation (`eval`) inside `train()`; `count=False`: a wait for a save
+        already counted (the last background write, or the one in flight after a failure), timed as stall only."""
         start = time.monotonic()
         watched = self.watchdog.long_phase(kind) if self.watchdog is not None else contextlib.nullcontext()
         try:
@@ -132,7 +133,7 @@ class Recovery:
                 yield
         finally:
             if self.goodput is not None:
-                self.goodput.add(kind, time.monotonic() - start)
+                self.goodput.add(kind, time.monotonic() - start, count)
 
     def run_state(self) -> dict:
         """What a checkpoint keeps of this room: goodput's counters."""
