@@ -298,6 +298,36 @@ def test_checkpoint_interval_is_young_daly_from_the_stall_and_llama3_failure_rat
     assert command[command.index("--resume_from_checkpoint") + 1] == "auto" and "--max_restarts" in command
 
 
+def test_goodput_from_a_run_gives_the_measured_stall_and_failure_rate_and_flags_win(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    logs = [  # the keys GoodputCallback logs (telemetry/goodput.py), the last log of a 10 h run with 2 restarts
+        {"step": 100, "goodput": 0.9, "goodput_wall_s": 1800.0, "goodput_saves": 1, "goodput_checkpoint_s": 9.0},
+        {"step": 900, "goodput": 0.8, "goodput_wall_s": 36000.0, "goodput_productive_s": 28800.0,
+         "goodput_saves": 12, "goodput_checkpoint_s": 60.0, "goodput_restarts": 2, "goodput_restart_s": 3000.0},
+        {"step": 901, "loss": 2.0},  # a later log without goodput
+    ]  # fmt: skip
+    (run / "telemetry.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logs))
+    plan = make_plan(PlanRequest("h100", gpus=8, hours=168, goodput_from=str(run)))
+    ckpt = plan.checkpoints
+    assert ckpt.stall_s == pytest.approx(5.0) and ckpt.mtbf_hours == pytest.approx(5.0)  # 60 s / 12, 10 h / 2
+    assert ckpt.interval_s == pytest.approx(math.sqrt(2 * 5.0 * 5.0 * 3600))
+    assert ckpt.stall_source == f"measured in {run} (12 saves, 5.00 s each)"
+    assert ckpt.mtbf_source == f"measured in {run} (2 restarts in 10.00 h)"
+    flags = make_plan(PlanRequest("h100", gpus=8, hours=168, goodput_from=str(run), mtbf_hours=24.0))
+    assert flags.checkpoints.mtbf_source == "--mtbf-hours" and flags.checkpoints.stall_s == pytest.approx(5.0)
+    logs[1]["goodput_restarts"] = 0  # no failure seen: the default failure rate stays
+    (run / "telemetry.jsonl").write_text(json.dumps(logs[1]) + "\n")
+    quiet = make_plan(PlanRequest("h100", gpus=8, hours=168, goodput_from=str(run))).checkpoints
+    assert quiet.mtbf_source == "Llama 3's failure rate over 8 GPUs" and quiet.stall_s == pytest.approx(5.0)
+    assert cli(["plan", "--device", "h100", "--gpus", "8", "--hours", "168", "--goodput-from", str(run),
+                "--out", str(tmp_path / "plan")]) == 0  # fmt: skip
+    assert f"stall: measured in {run} (12 saves, 5.00 s each)" in capsys.readouterr().out
+    (run / "telemetry.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
+    with pytest.raises(ValueError, match=r"--goodput-from .*: no goodput in its telemetry.jsonl"):
+        make_plan(PlanRequest("h100", gpus=8, hours=168, goodput_from=str(run)))
+
+
 def test_refuses_a_model_that_cannot_fit_and_names_the_largest_that_does():
     with pytest.raises(PlanRefused) as refused:
         make_plan(PlanRequest("h100", params=7e9, tokens=140e9))

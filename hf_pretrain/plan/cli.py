@@ -56,6 +56,9 @@ def cli(argv: list[str]) -> int:
     run.add_argument(
         "--mtbf-hours", type=float, default=None, help="the job's mean time between failures (default: Llama 3's rate)"
     )
+    run.add_argument(
+        "--goodput-from", default=None, metavar="RUN", help="a run dir: its measured save stall and failure rate"
+    )
     run.add_argument("--out", default="plan", help="directory for plan.json and the launch files (default plan)")
     run.add_argument("--dataset-path", default="DATA_PATH", help="the data the launch command trains on")
     run.add_argument("--run-dir", default="runs/plan", help="the launch command's --output_dir")
@@ -84,6 +87,7 @@ def cli(argv: list[str]) -> int:
         device_memory_gb=args.device_memory_gb,
         checkpoint_seconds=args.checkpoint_seconds,
         mtbf_hours=args.mtbf_hours,
+        goodput_from=args.goodput_from,
     )
     plan = make_plan(request)
     files = write_plan(plan, args.out, args.dataset_path, args.run_dir)

@@ -35,7 +35,7 @@ from ..modeling.accounting import count_parameters, flops_per_token
 from ..modeling.configuration import PretrainConfig
 from . import scaling
 from .hardware import PLANNED_RECIPES, Hardware, PlanRefused, resolve_hardware
-from .resilience import CheckpointPlan, checkpoint_plan
+from .resilience import CheckpointPlan, checkpoint_plan, run_resilience
 
 DEFAULT_MARGIN = 0.15
 MIN_VOCAB_SIZE = 259  # byte-level BPE: 256 byte tokens + the special tokens (data/tokenizer.py: check_vocab_size)
@@ -89,6 +89,7 @@ class PlanRequest:
     device_memory_gb: float | None = None
     checkpoint_seconds: float | None = None  # one save's stall of the training loop (default: estimated)
     mtbf_hours: float | None = None  # the job's mean time between failures (default: Llama 3's rate per GPU)
+    goodput_from: str | None = None  # a run whose goodput gives both (the flags above win)
 
     def __post_init__(self):
         budgets = [name for name in ("hours", "tokens", "flops") if getattr(self, name) is not None]
@@ -409,7 +410,8 @@ def make_plan(request: PlanRequest) -> Plan:
         budget=budget,
     )
     state = plan.memory.parameters + plan.memory.optimizer_states  # what one rank's checkpoint stages
-    plan.checkpoints = checkpoint_plan(state, hw.world, request.checkpoint_seconds, request.mtbf_hours)
+    measured = run_resilience(request.goodput_from) if request.goodput_from else None
+    plan.checkpoints = checkpoint_plan(state, hw.world, request.checkpoint_seconds, request.mtbf_hours, measured)
     plan.warnings = warnings_for(plan) + ([resized] if resized else [])
     return plan
 

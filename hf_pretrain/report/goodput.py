@@ -20,8 +20,13 @@ def _duration(seconds: float) -> str:
     )
 
 
+def last_goodput(records: list[dict]) -> dict | None:
+    """The last training log that carries goodput (None: telemetry off, or before goodput was logged)."""
+    return next((r for r in reversed(records) if isinstance(r.get("goodput"), (int, float))), None)
+
+
 def goodput_summary(records: list[dict]) -> str | None:
-    last = next((r for r in reversed(records) if isinstance(r.get("goodput"), (int, float))), None)
+    last = last_goodput(records)
     if last is None:
         return None
     wall, productive = last["goodput_wall_s"], last["goodput_productive_s"]
