@@ -13,7 +13,7 @@ write of checkpoint-STEP open and SIGKILLs rank 1 at the end of the next step (t
 `restart-stop:STEP` SIGSTOPs rank 1 at the end of STEP (a hung rank: the watchdog must catch it).
 `restart-loop-kill:STEP` SIGKILLs rank 1 at the end of STEP in every attempt (a fault no restart mends), with the
 restart-loop guard at 2 attempts.
-Writes OUTPUT_DIR/losses-<run>-rank<r>.json with the loss of every step (run: straight, killed, resumed,
+The `restart-` modes log telemetry (goodput across the attempts). Writes OUTPUT_DIR/losses-<run>-rank<r>.json with the loss of every step (run: straight, killed, resumed,
 restarted<attempt>) and OUTPUT_DIR/fault.json with the rank, step and kind of the fault.
 """
 
@@ -70,13 +70,15 @@ class Record(TrainerCallback):
 def main(output_dir: str, per_device: int, mode: str = "", deepspeed: str | None = None) -> None:
     torch.manual_seed(0)
     data = torch.randint(3, 500, (ROWS, SEQ), generator=torch.Generator().manual_seed(1))
+    kind, _, step = mode.partition(":")
+    restarted = kind.startswith("restart-")
     args = quick_args(
         output_dir,
         max_steps=STEPS,
         per_device_train_batch_size=per_device,
         learning_rate=3e-3,
         measure_peak_tflops=False,
-        telemetry=False,
+        telemetry=restarted,  # goodput across the restarts
         seed=0,
         save_strategy="steps",
         save_steps=SAVE_STEPS,
@@ -86,8 +88,6 @@ def main(output_dir: str, per_device: int, mode: str = "", deepspeed: str | None
         deepspeed=deepspeed,
     )
     model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=2))
-    kind, _, step = mode.partition(":")
-    restarted = kind.startswith("restart-")
     run = "resumed" if mode == "resume" else "killed" if kind == "kill" else "straight"  # "" or "straight"
     run = f"restarted{restart_count()}" if restarted else run
     fault, write_fault, marker = None, None, Path(output_dir) / "write-open"

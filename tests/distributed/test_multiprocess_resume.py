@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from hf_pretrain.telemetry.jsonl import read_jsonl
 from hf_pretrain.training.recovery.attempts import REFUSED, RESTARTABLE, read_attempts
 from hf_pretrain.training.recovery.watchdog import HANG_EXIT_CODE
 from tests.distributed.test_distributed import CONFIGS, ENV, ROOT, free_port
@@ -102,6 +103,12 @@ def test_a_rank_killed_during_a_background_write_restarts_unattended_from_the_ch
     assert fault == {"rank": 1, "step": 7, "kind": "kill-in-write", "write_open": True}  # trained on while it wrote
     assert "Removed what an interrupted save left in" in result.stdout and "['checkpoint-6']" in result.stdout
     assert_recovered(result, tmp_path, losses(straight, "straight"), resumed_from=3)
+    first, second = read_attempts(tmp_path)
+    goodput = [record for record in read_jsonl(tmp_path) if "goodput" in record][-1]  # the last log: step 15
+    assert goodput["step"] == 15 and goodput["goodput_restarts"] == 1
+    # lost: the relaunch, and steps 4-7 trained again (checkpoint-6 was never complete)
+    assert goodput["goodput_restart_s"] >= second.started - first.end_time > 0
+    assert 0 < goodput["goodput"] < 1
 
 
 def test_a_restart_loop_that_fails_at_the_same_step_each_time_stops_with_the_reason(tmp_path, straight):
