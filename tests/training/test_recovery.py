@@ -95,8 +95,11 @@ def test_the_watchdog_dumps_the_stacks_names_the_silent_rank_and_exits(tmp_path)
     settings = WatchdogSettings(factor=2.0, min_s=0.3, floor_s=30.0, poll_s=0.05)
     watchdog = HangWatchdog(tmp_path, 0, 2, settings, attempt=0, on_hang=reasons.append, exit=exit)
     watchdog.start(step=0)
-    for step in (1, 2, 3):  # timed steps: the steady timeout (the minimum, steps this short) applies
-        watchdog.beat(step)
+    assert watchdog.timeout_s() == (30.0, "the floor until 3 steps are timed")  # the first steps: the floor
+    watchdog.beat(1)
+    watchdog.beat(2)
+    assert watchdog.timeout_s()[0] == 30.0
+    watchdog.beat(3)  # 3 timed steps: the steady timeout (the minimum, steps this short) applies
     assert watchdog.timeout_s()[0] == 0.3
     assert exit.called.wait(60)  # no step for longer than the timeout
     assert exit.code == HANG_EXIT_CODE
