@@ -1,13 +1,15 @@
 """Launched by test_multiprocess_resume.py under `accelerate launch`: a run whose epoch does not divide evenly.
 
 Usage: python tests/distributed/resume_run.py OUTPUT_DIR PER_DEVICE_BATCH
-       [straight | kill:STEP | resume | restart-kill-in-write:STEP | restart-stop:STEP | restart-loop-kill:STEP]
+       [straight | kill:STEP | resume | write-fail:STEP | restart-kill-in-write:STEP | restart-stop:STEP
+        | restart-loop-kill:STEP]
        [DEEPSPEED_JSON]
 44 rows at a global micro-batch of 12: every epoch ends with a short batch that accelerate (even_batches)
 completes with the epoch's first samples. Checkpoints every 3 steps, 15 steps, one dataloader worker,
 spawned once per run (forked by a rank it can hang: hf_pretrain/training/processes.py).
 `kill:STEP` SIGKILLs rank 1 at the end of STEP (a lost node), once the checkpoints due are in place; `resume`
-continues from the newest checkpoint. The `restart-` modes are launched with restarts allowed and resume with
+continues from the newest checkpoint; `write-fail:STEP` makes rank 1's background write of checkpoint-STEP fail
+(an I/O error). The `restart-` modes are launched with restarts allowed and resume with
 "auto"; their fault happens in the first attempt only: `restart-kill-in-write:STEP` holds rank 1's background
 write of checkpoint-STEP open and SIGKILLs rank 1 at the end of the next step (the write still open);
 `restart-stop:STEP` SIGSTOPs rank 1 at the end of STEP (a hung rank: the watchdog must catch it).
@@ -93,6 +95,8 @@ def main(output_dir: str, per_device: int, mode: str = "", deepspeed: str | None
     fault, write_fault, marker = None, None, Path(output_dir) / "write-open"
     if kind == "kill":
         fault = ("kill", int(step))
+    elif kind == "write-fail":
+        write_fault = (int(step), 1, WriteFault("fail"))
     elif kind == "restart-loop-kill":  # every attempt
         fault = ("kill", int(step))
         args.restart_same_failure_limit = 2

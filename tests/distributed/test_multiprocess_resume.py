@@ -15,6 +15,7 @@ import pytest
 from hf_pretrain.telemetry.jsonl import read_jsonl
 from hf_pretrain.training.recovery.attempts import REFUSED, RESTARTABLE, read_attempts
 from hf_pretrain.training.recovery.watchdog import HANG_EXIT_CODE
+from hf_pretrain.training.resume.check import check_checkpoint
 from tests.distributed.test_distributed import CONFIGS, ENV, ROOT, free_port
 
 SCRIPT = ROOT / "tests" / "distributed" / "resume_run.py"
@@ -84,6 +85,19 @@ def test_resume_on_one_process_with_the_same_global_batch(tmp_path, straight):
     # Not bit for bit: one mean over 12 rows against the mean of two ranks' means over 6.
     print({step: after[step] - reference[step] for step in after})
     assert all(abs(after[step] - reference[step]) <= 1e-5 for step in after), (after, reference)
+
+
+def test_a_background_write_that_fails_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    result = launch(tmp_path, 6, "write-fail:6")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    assert "checkpoint-6: the background write failed on rank 1 (OSError" in output, output[-3000:]  # rank 1's own
+    assert "checkpoint-6: the background write failed on rank(s) [1]" in output, output[-3000:]  # rank 0 told
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3"]  # the half-written one gone
+    assert check_checkpoint(tmp_path / "checkpoint-3").ok
+    # raised by one step on both ranks: the first after both writers ended (rank 0's write takes a few steps)
+    last = {max(json.loads((tmp_path / f"losses-straight-rank{rank}.json").read_text())) for rank in (0, 1)}
+    assert len(last) == 1 and 7 <= int(next(iter(last))) < 15, last
 
 
 def assert_recovered(result, out, reference, resumed_from):

@@ -10,7 +10,10 @@ thread), rank 0 flushes the folder and renames it into place, then rotates the o
 
 Kept from the synchronous save: a `checkpoint-N` appears only complete; rotation only after it did; the same
 bytes, so a resume is exact; at most one save in flight (the next waits for it, and says so); a failed write is
-raised by the training step after it (`raise_if_failed`), on every rank; `finish()` makes the last save complete
+raised on every rank by the same training step, the first after the write ended on every rank (`settled`: while a
+save is outstanding, each micro-batch first agrees with the others whether it is over, one flag all-reduced on a
+second gloo group of the checkpointer's; a rank that checked only its own writer would train on into a collective
+that the failed rank never joins); `finish()` makes the last save complete
 before `train()` returns. DCP's `async_save` is not called as such: it starts an executor per call, and FSDP2's
 model and optimizer are two calls whose collectives must not run from two threads at once; its stager and `save`
 run here, in order, on one thread. DeepSpeed's own asynchronous writer (`checkpoint.writer.decoupled`) commits a
@@ -77,6 +80,7 @@ class BackgroundSaves:
         self.error: BaseException | None = None
         self._stager: DefaultStager | None = None
         self._group = None
+        self._poll_group = None  # the training threads' agreement that a save is over (`settled`)
 
     @property
     def in_flight(self) -> str | None:
@@ -125,8 +129,23 @@ class BackgroundSaves:
     def group(self):
         """The checkpointer's gloo group (created at the first save, by every rank); None for one process."""
         if self._group is None and self.world_size > 1 and dist.is_initialized():
-            self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.timeout_s))
+            timeout = datetime.timedelta(seconds=self.timeout_s)
+            self._group = dist.new_group(backend="gloo", timeout=timeout)
+            self._poll_group = dist.new_group(backend="gloo", timeout=timeout)
         return self._group
+
+    def settled(self) -> bool:
+        """Whether the save in flight is over on every rank (then its outcome, gathered by the writers, is the same
+        everywhere); True with none. Called by every rank at every micro-batch: a collective while one is out."""
+        if self.job is None:
+            return True
+        done = torch.tensor([float(self.job.done.is_set())])
+        if self._poll_group is not None:
+            dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self._poll_group)
+        if not done.item():
+            return False
+        self.wait()  # over everywhere: nothing more to agree on
+        return True
 
     def agree(self, usable: bool) -> bool:
         """Whether every rank can save in the background (called once, by every rank, at the first save)."""

@@ -243,8 +243,9 @@ class Checkpointing:
         return None
 
     def raise_if_failed(self) -> None:
-        """A background write that failed is raised here, by the next training step."""
-        if self.background is not None and self.background.error is not None:
+        """A background write that failed is raised here, on every rank by the same training step: the first after
+        the write ended on every rank."""
+        if self.background is not None and self.background.settled():
             self.background.raise_if_failed()
 
     def finish(self) -> None:
