@@ -4,13 +4,15 @@ that overlap a background write.
 One process trains the same model (its weights and AdamW states a few GB) with `PretrainTrainer`, alternating
 `async_checkpoint=True` and `False` for `--rounds` rounds of `--steps` steps, a checkpoint every `--save-every`
 steps. A callback times every gap between one step's end and the next step's start: at a save step the gap holds
-the save's stall (less the median gap of the other steps: logging, the next batch). With asynchronous saves it also
-times each step while a background write is in flight against the steps without one. Prints per round the stalls
+the save's stall (less the median gap of the other steps: logging, the next batch). With asynchronous saves the
+stall also holds the time the next step's update waited for the copy that ran beside its forward and backward
+(`BackgroundSaves.staging_waits`), and the callback times each step while a save's copy or write is in flight (less
+that wait) against the steps without one. Prints per round the stalls
 and, over the rounds, the ratio async / sync (median, min-max) of the saves after a run's first (the first also pays
 one-time costs: the host buffers allocated, the first files written), of the first, and the overlapped steps'
 slowdown.
 
-    python benchmarks/async_checkpoint.py [--layers 12] [--hidden 1024] [--rounds 3] [--steps 10] [--save-every 3]
+    python benchmarks/async_checkpoint.py [--layers 12] [--hidden 1024] [--rounds 3] [--steps 20] [--save-every 6]
                                           [--out /tmp/async_checkpoint]
 """
 
@@ -38,7 +40,9 @@ class Gaps(TrainerCallback):
         self.trainer = None
         self.gaps: dict[int, float] = {}  # the gap after step s
         self.steps: list[tuple[float, bool]] = []  # (seconds, a background write in flight)
+        self.waits: dict[int, float] = {}  # step s's update waited this long for the copy of the save at step s - 1
         self._end = self._begin = None
+        self._waited = 0.0
 
     def _writing(self) -> bool:
         background = self.trainer.checkpointing.background if self.trainer else None
@@ -52,7 +56,12 @@ class Gaps(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self._end = time.perf_counter()
-        self.steps.append((self._end - self._begin, self._writing_at_begin or self._writing()))
+        background = self.trainer.checkpointing.background if self.trainer else None
+        waited = sum(background.staging_waits) if background is not None else 0.0
+        wait, self._waited = waited - self._waited, waited
+        if wait:
+            self.waits[state.global_step] = wait
+        self.steps.append((self._end - self._begin - wait, self._writing_at_begin or self._writing()))
 
 
 def train_round(model, data, out: Path, async_checkpoint: bool, steps: int, save_every: int) -> Gaps:
@@ -84,7 +93,7 @@ def stalls(gaps: Gaps, save_every: int) -> list[float]:
     saves = [s for s in gaps.gaps if s % save_every == 0]
     others = [g for s, g in gaps.gaps.items() if s % save_every and s > 1] or [0.0]
     base = statistics.median(others)
-    return [gaps.gaps[s] - base for s in saves]
+    return [gaps.gaps[s] - base + gaps.waits.get(s + 1, 0.0) for s in saves]
 
 
 def main(argv=None) -> dict:
@@ -93,8 +102,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--save-every", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--save-every", type=int, default=6)
     parser.add_argument("--seq-len", type=int, default=16)
     parser.add_argument("--out", default="/tmp/async_checkpoint")
     args = parser.parse_args(argv)
@@ -125,6 +134,7 @@ def main(argv=None) -> dict:
             measured[mode] = stalls(gaps, args.save_every)
             results[mode] += measured[mode]
             if mode == "async":
+                held = [gaps.waits.get(s + 1, 0.0) for s in gaps.gaps if s % args.save_every == 0]
                 writing = [s for s, w in gaps.steps[1:] if w]
                 quiet = [s for s, w in gaps.steps[1:] if not w]
                 if writing and quiet:
@@ -137,7 +147,8 @@ def main(argv=None) -> dict:
         if ratio is not None:
             results["ratio"].append(ratio)
         print(
-            f"round {round_ + 1}: save stall async {', '.join(f'{s:.2f}' for s in measured['async'])} s | sync "
+            f"round {round_ + 1}: save stall async {', '.join(f'{s:.2f}' for s in measured['async'])} s (the next "
+            f"update held for the copy {', '.join(f'{s:.2f}' for s in held)} s) | sync "
             f"{', '.join(f'{s:.2f}' for s in measured['sync'])} s | first save {results['first'][-1]:.3f}"
             + (f" | later saves {ratio:.3f}" if ratio is not None else "")
         )

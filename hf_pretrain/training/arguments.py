@@ -292,8 +292,9 @@ class PretrainingArguments(TrainingArguments):
         default=ASYNC_CHECKPOINT_DEFAULT,
         metadata={
             "help": "Checkpoints stall the training loop only while the state is copied into host memory (pinned "
-            "with CUDA); the files are written and renamed into place in the background. Falls back to synchronous "
-            "saves (saying why) with push_to_hub, load_best_model_at_end, or too little host memory."
+            "with CUDA; the weights and optimizer states beside the next step's forward and backward, its update "
+            "waiting for the copy); the files are written and renamed into place in the background. Falls back to "
+            "synchronous saves (saying why) with push_to_hub, load_best_model_at_end, or too little host memory."
         },
     )
     hang_watchdog: bool | None = owned(

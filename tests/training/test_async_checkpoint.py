@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
+from torch.distributed.checkpoint.staging import DefaultStager
 from transformers import TrainerCallback
 
 from hf_pretrain import PretrainForCausalLM, get_preset
@@ -66,6 +67,28 @@ def test_an_async_save_writes_the_bytes_a_synchronous_one_writes(tmp_path):
         assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"} <= set(written)
         assert written == reference, step
     assert not (tmp_path / "async" / ".saving").exists()
+
+
+def test_a_copy_beside_the_next_step_holds_that_steps_update_and_saves_the_state_of_its_own_step(tmp_path, monkeypatch):
+    copy = DefaultStager._stage
+
+    def slow_copy(self, state_dict, **kwargs):  # the copy that runs beside the step, made slower than a step
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.5)
+        return copy(self, state_dict, **kwargs)
+
+    monkeypatch.setattr(DefaultStager, "_stage", slow_copy)
+    trainer, _ = run(tmp_path / "async")
+    waits = trainer.checkpointing.background.staging_waits
+    assert len(waits) == STEPS // SAVE_STEPS - 1 and min(waits) > 0.1, waits  # every save but the last held a step
+    run(tmp_path / "sync", async_checkpoint=False)
+    for step in range(SAVE_STEPS, STEPS + 1, SAVE_STEPS):
+        written, reference = (
+            files(tmp_path / "async" / f"checkpoint-{step}"),
+            files(tmp_path / "sync" / f"checkpoint-{step}"),
+        )
+        assert written["model.safetensors"] == reference["model.safetensors"], step  # not the next step's weights
+        assert written == reference, step
 
 
 def test_a_failed_background_write_is_raised_at_the_next_step(tmp_path):

@@ -4,7 +4,17 @@ A save still runs the Trainer's own `_save_checkpoint` into the staging folder (
 writes are deferred: every `torch.save` (optimizer, scheduler, RNG, DeepSpeed's shards), the safetensors weight
 files and DCP's `save` (FSDP2's sharded state) receive a copy of their objects in host memory, made by DCP's
 `DefaultStager` (the buffers kept and reused from one save to the next; pinned, and copied without blocking, where
-CUDA is present), and one background thread per rank writes them. When every rank's writes are done (the outcome
+CUDA is present), and one background thread per rank writes them.
+
+The copy itself runs beside the next step where it can (DCP's asynchronous staging, as torchtitan uses it): the
+objects whose every tensor is a parameter or an optimizer state (the weights, `optimizer.pt`: nearly all the bytes)
+change only in `optimizer.step()`, so they are copied on the stager's thread while the next step's forward and
+backward run, and a pre-step hook on every torch optimizer (`register_optimizer_step_pre_hook`, removed once it
+fired) holds the next update until the copy is done; that wait is timed as checkpoint stall (goodput, and the
+watchdog's save floor). Any other object (the scheduler, RNG states, a buffer, a tensor made for the save, anything
+DeepSpeed writes) is copied at once. On CUDA the host first waits for the queued step, so the copy reads the state
+that step made. The trade: the loop's stall shrinks to what the forward and backward do not cover, but the copy
+shares the host (on a CPU run: its cores) with that step. When every rank's writes are done (the outcome
 gathered on a gloo group of the checkpointer's own, so no training collective ever shares a group with another
 thread), rank 0 flushes the folder and renames it into place, then rotates the old checkpoints (`store.py`).
 
@@ -24,6 +34,7 @@ Written by hand: neither transformers nor accelerate writes a checkpoint in the 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime
 import os
@@ -37,6 +48,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils._pytree import tree_leaves
 from transformers.utils import logging
 
 from ..transformers_private import patched, weight_files_patched
@@ -45,6 +58,7 @@ logger = logging.get_logger(__name__)
 
 ASYNC_CHECKPOINT_DEFAULT = True
 HOST_MEMORY_SHARE = 0.5  # stage only when the copy takes at most this share of the host memory available
+SCALARS = (int, float, bool, str, bytes, type(None))  # what a copy beside the next step may hold besides tensors
 
 
 class CheckpointWriteError(RuntimeError):
@@ -74,11 +88,16 @@ class Job:
 class BackgroundSaves:
     """One rank's background writer: stage (training thread), write and promote (one save at a time)."""
 
-    def __init__(self, rank: int, world_size: int, timeout_s: float):
+    def __init__(self, rank: int, world_size: int, timeout_s: float, waiting=contextlib.nullcontext):
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+        self.waiting = waiting  # a context around the next step's wait for a copy: checkpoint stall
         self.job: Job | None = None
         self.error: BaseException | None = None
-        self._stager: DefaultStager | None = None
+        self.staging_waits: list[float] = []  # seconds an optimizer step waited for a save's copy (when it did)
+        self._stager: DefaultStager | None = None  # copies at once, on the training thread
+        self._stager_beside: DefaultStager | None = None  # copies on its thread, beside the next step
+        self._copies: list[concurrent.futures.Future] = []  # this save's copies still running beside the step
+        self._before_step = None  # the optimizer pre-step hook's handle while copies are out
         self._group = None
         self._poll_group = None  # the training threads' agreement that a save is over (`settled`)
 
@@ -86,37 +105,66 @@ class BackgroundSaves:
     def in_flight(self) -> str | None:
         return self.job.name if self.job is not None and not self.job.done.is_set() else None
 
-    def stage(self, obj):
-        if self._stager is None:
-            cuda = torch.cuda.is_available()
-            self._stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=cuda
-                )
-            )
-        return self._stager.stage(obj)
+    def stage(self, obj, stepped: set[int] | None = None):
+        """A copy of `obj` in host memory, or a future of one when every tensor in it lives in `stepped` (storages
+        only an optimizer step changes): that copy runs beside the next step, whose update waits for it."""
+        cuda = torch.cuda.is_available()
+        if stepped is None or not only_stepped(obj, stepped):
+            if self._stager is None:
+                self._stager = DefaultStager(staging_options(beside=False))
+            return self._stager.stage(obj)
+        if self._stager_beside is None:
+            self._stager_beside = DefaultStager(staging_options(beside=True))
+        if cuda and not self._copies:
+            torch.cuda.current_stream().synchronize()  # the step that made this state has run on the device
+        copy = self._stager_beside.stage(obj)
+        self._copies.append(copy)
+        if self._before_step is None:
+            self._before_step = register_optimizer_step_pre_hook(self._hold_step)
+        return copy
+
+    def _hold_step(self, optimizer, args, kwargs) -> None:
+        waited = self.wait_for_copies()
+        if waited:
+            self.staging_waits.append(waited)
+
+    def wait_for_copies(self) -> float:
+        """Wait for this save's copies that run beside the step (the pre-step hook; every wait for the save)."""
+        copies, self._copies = self._copies, []
+        if self._before_step is not None:
+            self._before_step.remove()
+            self._before_step = None
+        pending = [copy for copy in copies if not copy.done()]
+        if not pending:
+            return 0.0
+        start = time.monotonic()
+        with self.waiting():
+            concurrent.futures.wait(pending)  # a failed copy is the write's error (raised by the next step), not here
+        return time.monotonic() - start
 
     @contextlib.contextmanager
-    def deferred_writes(self):
-        """Inside: the writers of a checkpoint's large files stage their objects and return; the writes are listed."""
+    def deferred_writes(self, stepped: set[int] | None = None):
+        """Inside: the writers of a checkpoint's large files stage their objects and return; the writes are listed.
+        `stepped`: the storages only an optimizer step changes (`stepped_storages`), whose copy may run beside the
+        next step; None: every copy made at once."""
         writes: list[Write] = []
         torch_save, save_file, dcp_save = torch.save, safetensors.torch.save_file, dcp.save
 
         def deferred_torch_save(obj, f, *args, **kwargs):
             if not isinstance(f, (str, os.PathLike)):  # a file object: written now, as asked
                 return torch_save(obj, f, *args, **kwargs)
-            staged = self.stage(obj)
-            writes.append(Write(str(f), lambda: torch_save(staged, f, *args, **kwargs)))
+            staged = self.stage(obj, stepped)
+            writes.append(Write(str(f), lambda: torch_save(copied(staged), f, *args, **kwargs)))
 
         def deferred_save_file(tensors, filename, metadata=None):
-            staged = self.stage(tensors)
-            writes.append(Write(str(filename), lambda: save_file(staged, filename, metadata=metadata)))
+            staged = self.stage(tensors, stepped)
+            writes.append(Write(str(filename), lambda: save_file(copied(staged), filename, metadata=metadata)))
 
         def deferred_dcp_save(state_dict, *, process_group=None, **kwargs):
-            staged = self.stage(state_dict)
+            staged = self.stage(state_dict, stepped)
             where = kwargs.get("checkpoint_id") or getattr(kwargs.get("storage_writer"), "path", "?")
             group = self.group() if process_group is None else process_group
-            writes.append(Write(str(where), lambda: dcp_save(staged, process_group=group, **kwargs)))
+            writes.append(Write(str(where), lambda: dcp_save(copied(staged), process_group=group, **kwargs)))
 
         with (
             patched(torch, "save", deferred_torch_save),
@@ -188,9 +236,11 @@ class BackgroundSaves:
 
     def wait(self, next_save: str | None = None) -> float:
         """Wait for the save in flight; returns the seconds waited (logged when a next save had to wait)."""
-        job, start = self.job, time.monotonic()
+        start = time.monotonic()
+        self.wait_for_copies()
+        job = self.job
         if job is None:
-            return 0.0
+            return time.monotonic() - start
         in_flight = not job.done.is_set()
         job.done.wait()
         self.job = None
@@ -210,9 +260,10 @@ class BackgroundSaves:
 
     def close(self) -> None:
         self.wait()
-        if self._stager is not None:
-            self._stager.close()
-            self._stager = None
+        for stager in (self._stager, self._stager_beside):
+            if stager is not None:
+                stager.close()
+        self._stager = self._stager_beside = None
 
 
 def staged_bytes(model, optimizer, writes_model: bool) -> int:
@@ -228,3 +279,45 @@ def staged_bytes(model, optimizer, writes_model: bool) -> int:
     for state in getattr(optimizer, "state", {}).values():
         total += sum(local(v) for v in state.values() if isinstance(v, torch.Tensor))
     return total
+
+
+def staging_options(beside: bool) -> StagingOptions:
+    """Pinned host buffers and copies without blocking where CUDA is present; `beside`: on the stager's thread."""
+    cuda = torch.cuda.is_available()
+    return StagingOptions(
+        use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=beside, use_non_blocking_copy=cuda
+    )
+
+
+def copied(staged):
+    """A staged object, waited for when its copy ran beside the step (on the writer's thread)."""
+    return staged.result() if isinstance(staged, concurrent.futures.Future) else staged
+
+
+def storage_of(tensor: torch.Tensor) -> int:
+    return getattr(tensor, "_local_tensor", tensor).untyped_storage().data_ptr()  # a DTensor: its shard
+
+
+def stepped_storages(model, optimizer) -> set[int] | None:
+    """The storages that only `optimizer.step()` changes: the parameters' and the optimizer states'. None when the
+    optimizer is not a torch one (its step would not wait for a copy) or is DeepSpeed's (it updates its own
+    partitions)."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
+    if not isinstance(inner, torch.optim.Optimizer) or type(inner).__module__.startswith("deepspeed"):
+        return None
+    tensors = list(model.parameters())
+    tensors += [v for state in inner.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    return {storage_of(t) for t in tensors} - {0}
+
+
+def only_stepped(obj, stepped: set[int]) -> bool:
+    """Whether `obj` holds tensors, every one in `stepped`, and plain values besides (nothing else may change)."""
+    tensors = False
+    for leaf in tree_leaves(obj):
+        if isinstance(leaf, torch.Tensor):
+            if storage_of(leaf) not in stepped:
+                return False
+            tensors = True
+        elif not isinstance(leaf, SCALARS):
+            return False
+    return tensors

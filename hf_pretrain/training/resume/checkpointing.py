@@ -28,7 +28,14 @@ from transformers.utils import logging
 from ..loss_guard import LossSpikeError
 from ..processes import wait_for_everyone
 from ..transformers_private import rotation_deferred
-from .background import ASYNC_CHECKPOINT_DEFAULT, HOST_MEMORY_SHARE, BackgroundSaves, CheckpointWriteError, staged_bytes
+from .background import (
+    ASYNC_CHECKPOINT_DEFAULT,
+    HOST_MEMORY_SHARE,
+    BackgroundSaves,
+    CheckpointWriteError,
+    staged_bytes,
+    stepped_storages,
+)
 from .check import CheckpointCheck, CheckpointError, check_checkpoint, checkpoints_newest_first, explain
 from .store import (
     checkpoint_name,
@@ -172,7 +179,7 @@ class Checkpointing:
         try:
             with (
                 rotation_deferred(),
-                background.deferred_writes() if background else contextlib.nullcontext() as writes,
+                background.deferred_writes(self._stepped()) if background else contextlib.nullcontext() as writes,
             ):
                 save_checkpoint()
         finally:
@@ -214,7 +221,12 @@ class Checkpointing:
             self._sync_reason = "async_checkpoint=False"
             return None
         reason = self._why_synchronous()
-        background = BackgroundSaves(args.process_index, args.world_size, args.ddp_timeout)
+        background = BackgroundSaves(
+            args.process_index,
+            args.world_size,
+            args.ddp_timeout,
+            waiting=lambda: trainer.recovery.phase("checkpoint", count=False),  # the next step's wait for the copy
+        )
         if background.agree(reason is None):
             self.background = background
             return background
@@ -222,6 +234,11 @@ class Checkpointing:
         if trainer.is_world_process_zero() or reason:
             logger.warning(f"Checkpoints are saved synchronously (async_checkpoint is on): {self._sync_reason}.")
         return None
+
+    def _stepped(self) -> set[int] | None:
+        """The storages whose copy may run beside the next step (`background.py`); None under DeepSpeed."""
+        trainer = self.trainer
+        return None if trainer.is_deepspeed_enabled else stepped_storages(trainer.model, trainer.optimizer)
 
     def _why_synchronous(self) -> str | None:
         trainer, args = self.trainer, self.trainer.args
