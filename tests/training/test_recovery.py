@@ -146,23 +146,26 @@ def waits_for_a_peer(event):  # as a rank blocked in a collective: the launcher 
     print("ready", flush=True)
     event.wait()
 
-watchdog = HangWatchdog(sys.argv[1], 1, 2, WatchdogSettings(min_s=300, floor_s=300), attempt=2)
+watchdog = HangWatchdog(sys.argv[1], 1, 2, WatchdogSettings(min_s=300, floor_s=300, poll_s=0.05), attempt=2)
 watchdog.start(step=5)
+watchdog.beat(step=6)  # the file is named after the last step the rank completed
+while not watchdog.terminated_stacks_path().exists():
+    threading.Event().wait(0.01)
 waits_for_a_peer(threading.Event())
 """
 
 
 def test_a_rank_the_launcher_terminates_writes_its_stacks_then_ends_as_sigterm_does(tmp_path):
-    stale = tmp_path / "stacks-rank1-attempt1-terminated.txt"
+    stale = tmp_path / "stacks-rank1-attempt1-step3-terminated.txt"
     tmp_path.mkdir(exist_ok=True)
     stale.touch()  # an earlier attempt's file that no SIGTERM wrote (that attempt was SIGKILLed)
     child = subprocess.Popen([sys.executable, "-c", TERMINATED_CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "ready"
     child.send_signal(signal.SIGTERM)
     assert child.wait(60) == -signal.SIGTERM  # the default action still ends it (chained)
-    stacks = (tmp_path / "stacks-rank1-attempt2-terminated.txt").read_text()
+    stacks = (tmp_path / "stacks-rank1-attempt2-step6-terminated.txt").read_text()
     assert "in waits_for_a_peer" in stacks and "in _run" in stacks  # the main thread and the watchdog's
-    assert not stale.exists()
+    assert not stale.exists() and not (tmp_path / "stacks-rank1-attempt2-step5-terminated.txt").exists()
 
 
 def test_a_clean_stop_leaves_no_terminated_stacks_file(tmp_path):

@@ -12,9 +12,11 @@ step make no error: the job sits there. Each rank runs a thread that wakes every
   reporting, records the hang in the attempts (`attempts.py`) and exits with `HANG_EXIT_CODE`, so a launcher
   with restarts left starts the run again (from the newest checkpoint with `resume_from_checkpoint="auto"`);
 - when the launcher ends the rank with SIGTERM (it does to every rank once one failed, the hung rank's own exit
-  included), `faulthandler`'s signal handler writes its stacks to `stacks-rank<r>-attempt<a>-terminated.txt`
-  before the default action ends it: a rank waiting in a collective is caught in C code, where no Python
-  handler would run. The file is opened at the start (the handler cannot open one) and removed at a clean stop.
+  included), `faulthandler`'s signal handler writes its stacks to
+  `stacks-rank<r>-attempt<a>-step<s>-terminated.txt` before the default action ends it: a rank waiting in a
+  collective is caught in C code, where no Python handler would run. The file is opened at the start (the handler
+  cannot open one), renamed by the watchdog thread as the steps go (the open file stays the handler's, so its name
+  carries the last step the rank completed), and removed at a clean stop.
 
 The timeout: `factor` x the median of the last steps' durations, at least `min_s`; `floor_s` until
 `WARMUP_STEPS` steps were timed (compilation, the first collectives, data start-up) and during a save or an
@@ -100,6 +102,7 @@ class HangWatchdog:
         self._thread: threading.Thread | None = None
         self._last_activity = time.monotonic()
         self._terminated = None  # the open file SIGTERM writes the stacks to
+        self._terminated_path: Path | None = None  # its name now (renamed as the steps go)
 
     # The training thread's side: one clock read per step, nothing written (the watchdog thread writes the step).
     def start(self, step: int) -> None:
@@ -137,7 +140,7 @@ class HangWatchdog:
         self._forget_sigterm()
 
     def terminated_stacks_path(self) -> Path:
-        return self.folder / f"stacks-rank{self.rank}-attempt{self.attempt}-terminated.txt"
+        return self.folder / f"stacks-rank{self.rank}-attempt{self.attempt}-step{self.step}-terminated.txt"
 
     def _dump_stacks_on_sigterm(self) -> None:
         if not hasattr(faulthandler, "register"):  # Windows
@@ -146,15 +149,24 @@ class HangWatchdog:
             with contextlib.suppress(OSError):
                 if stale.stat().st_size == 0:  # an attempt that ended without SIGTERM (SIGKILL, a hang's exit)
                     stale.unlink()
-        self._terminated = self.terminated_stacks_path().open("w", encoding="utf-8")  # open until stop()
+        self._terminated_path = self.terminated_stacks_path()
+        self._terminated = self._terminated_path.open("w", encoding="utf-8")  # open until stop()
         faulthandler.register(signal.SIGTERM, file=self._terminated, all_threads=True, chain=True)
+
+    def _name_terminated_stacks(self) -> None:
+        """The SIGTERM file renamed after the last step (the watchdog thread, at each step; the file stays open)."""
+        path = self.terminated_stacks_path()
+        if self._terminated is not None and self._terminated_path != path:
+            with contextlib.suppress(OSError):
+                self._terminated_path.replace(path)
+                self._terminated_path = path
 
     def _forget_sigterm(self) -> None:
         if self._terminated is not None:
             faulthandler.unregister(signal.SIGTERM)
             self._terminated.close()
-            Path(self._terminated.name).unlink(missing_ok=True)
-            self._terminated = None
+            self._terminated_path.unlink(missing_ok=True)
+            self._terminated = self._terminated_path = None
 
     # The watchdog thread's side.
     def timeout_s(self) -> tuple[float, str]:
@@ -176,6 +188,7 @@ class HangWatchdog:
                 return
             with contextlib.suppress(OSError):
                 self._write_heartbeat()
+            self._name_terminated_stacks()
             timeout, why = self.timeout_s()
             since = self.phase_since if self.phase is not None else self._last_activity
             waited = time.monotonic() - since
