@@ -7,7 +7,9 @@ they cannot be), and `doc_id` (the record's own id, else where it was read: `par
 
 A bad line or row never crashes the read: it becomes a dropped row with its reason (`invalid_utf8`,
 `malformed_json`, `missing_text`, `not_text`, `empty`, `too_large`, `corrupt_compression`), counted in
-`ReadFiles.stats` like any block's drops; when nothing at all can be read, `run` raises one ValueError naming the
+`ReadFiles.stats` like any block's drops; a Parquet or Arrow file that cannot be read (cut short, not the format
+its name says, a broken page) is left out whole and counted as `corrupt_file` (its rows when its footer tells them,
+else 1) and named in `stats.extra["corrupt_files"]`; when nothing at all can be read, `run` raises one ValueError naming the
 files, the drops and the fix. Line files are split between ranks by file and between `num_proc` workers; typed
 inputs by contiguous rows. The output is cached by `datasets` under the paths, sizes and modification times.
 
@@ -20,12 +22,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datasets import Dataset, DatasetDict, IterableDataset, load_dataset, load_from_disk
+from datasets.exceptions import DatasetGenerationError
 
 from .blocks import Block, check_rank, check_text_column, shard_range
 from .records import (
@@ -88,7 +92,61 @@ def _rows_in(path: Path, kind: str) -> int:
         try:
             return pa.ipc.open_stream(source).read_all().num_rows
         except pa.ArrowInvalid:
+            source.seek(0)
             return pa.ipc.open_file(source).count_rows()
+
+
+def _reads_whole(path: Path, kind: str) -> bool:
+    """Whether every page of a typed file reads (after `datasets` failed on one of them)."""
+    try:
+        if kind == "parquet":
+            for _ in pq.ParquetFile(path).iter_batches():
+                pass
+        else:
+            _rows_in(path, kind)
+    except (pa.ArrowException, OSError):
+        return False
+    return True
+
+
+@dataclass
+class TypedFiles:
+    """The Parquet or Arrow files that open, their names and rows; those that do not, and the rows they held
+    (their footer's count when it reads, else 1: at least one document was lost)."""
+
+    paths: list[Path]
+    names: list[str]
+    rows: list[int]
+    broken: dict[str, int]
+
+    @classmethod
+    def check(cls, kind: str, files: list[Path], names: list[str]) -> TypedFiles:
+        checked = cls([], [], [], {})
+        for path, name in zip(files, names):
+            try:
+                rows = _rows_in(path, kind)
+            except (pa.ArrowException, OSError):
+                checked.broken[name] = 1
+                continue
+            checked.paths.append(path)
+            checked.names.append(name)
+            checked.rows.append(rows)
+        return checked
+
+    def without_unreadable_pages(self, kind: str) -> TypedFiles:
+        """These files less those with a page that does not read (their footer's rows counted)."""
+        kept = TypedFiles([], [], [], dict(self.broken))
+        for path, name, rows in zip(self.paths, self.names, self.rows):
+            if _reads_whole(path, kind):
+                kept.paths.append(path)
+                kept.names.append(name)
+                kept.rows.append(rows)
+            else:
+                kept.broken[name] = max(rows, 1)
+        return kept
+
+    def described_broken(self) -> str:
+        return ", ".join(self.broken)
 
 
 def _described(files: list[str]) -> str:
@@ -153,13 +211,46 @@ class ReadFiles(Block):
             self._source = {"names": [root.name], "starts": [0]}
             return self._mark_typed(loaded, rank, world_size, num_proc)
         if kind in TYPED_SUFFIXES.values():
-            loaded = load_dataset(kind, data_files=[str(p) for p in files], split="train", streaming=self.streaming)
+            typed = TypedFiles.check(kind, files, _names(root, files))
+            loaded, typed = self._load_typed(kind, typed)
             starts = [0]
-            for p in files[:-1]:
-                starts.append(starts[-1] + _rows_in(p, kind))
-            self._source = {"names": _names(root, files), "starts": starts}
+            for rows in typed.rows[:-1]:
+                starts.append(starts[-1] + rows)
+            self._source = {"names": typed.names, "starts": starts, "broken": typed.broken if rank == 0 else {}}
+            if self.streaming:
+                self._count_broken()  # a stream's counters add up as it is read
             return self._mark_typed(loaded, rank, world_size, num_proc)
         return self._mark_lines(files, _names(root, files), rank, world_size, num_proc)
+
+    def _load_typed(self, kind: str, typed: TypedFiles) -> tuple[Dataset | IterableDataset, TypedFiles]:
+        """The readable files as one dataset; a page that fails to read leaves its file out (a second load)."""
+        if not typed.paths:
+            raise ValueError(
+                f"No document could be read: every {kind} file is corrupt or not {kind} ({typed.described_broken()}); "
+                "pass files that open (a cut copy: copy it again)."
+            )
+        load = functools.partial(load_dataset, kind, split="train", streaming=self.streaming)
+        try:
+            return load(data_files=[str(p) for p in typed.paths]), typed
+        except DatasetGenerationError:
+            if self.streaming:
+                raise
+        typed = typed.without_unreadable_pages(kind)
+        return self._load_typed(kind, typed)
+
+    def _count_broken(self) -> None:
+        """The unreadable typed files in the counters: `corrupt_file` drops, named in `extra`."""
+        broken = self._source.get("broken") or {}
+        if broken:
+            s = self.stats
+            s.documents_in += sum(broken.values())
+            s.dropped["corrupt_file"] = s.dropped.get("corrupt_file", 0) + sum(broken.values())
+            s.extra["corrupt_files"] = list(broken)
+
+    def keep(self, marked, num_proc):
+        kept = super().keep(marked, num_proc)
+        self._count_broken()
+        return kept
 
     def _mark_lines(self, files, names, rank, world_size, num_proc) -> Dataset | IterableDataset:
         mine = [(str(p), n, p.stat().st_size, p.stat().st_mtime_ns) for p, n in zip(files, names)][rank::world_size]

@@ -515,6 +515,25 @@ def test_a_corrupt_input_file_is_counted_and_named(tmp_path, capsys):
     check_corrupt_named(tmp_path / "out", capsys.readouterr().out)
 
 
+@needs_datatrove
+def test_a_corrupt_parquet_file_is_left_out_counted_once_and_named(tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    (tmp_path / "raw").mkdir()
+    docs = embedded_documents()[:60]
+    for part in range(3):
+        pq.write_table(pa.table({"text": docs[20 * part : 20 * (part + 1)]}), tmp_path / "raw" / f"part-{part}.parquet")
+    whole = (tmp_path / "raw" / "part-1.parquet").read_bytes()
+    (tmp_path / "raw" / "part-1.parquet").write_bytes(whole[: len(whole) // 2])  # a copy cut short
+    config = {"input": str(tmp_path / "raw"), "output_dir": str(tmp_path / "out"), "tokenizer": None, "clean": None}
+    (tmp_path / "c.json").write_text(json.dumps({**config, "executor": {"kind": "local", "tasks": 2}}))
+    assert main(["data", "prepare", str(tmp_path / "c.json")]) == 0
+    read = json.loads((tmp_path / "out" / "stats.json").read_text())[0]
+    assert read["dropped"] == {"corrupt_file": 1} and read["extra"]["corrupt_files"] == ["part-1.parquet"]  # once
+    assert read["documents_in"] == 41  # the two whole files' rows, and one for the file left out
+    assert "corrupt input, left out and counted as corrupt_file: part-1.parquet" in capsys.readouterr().out
+
+
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("kind", ["ray", "slurm"])
 def test_a_corrupt_input_file_is_counted_and_named_on(kind, tmp_path, request):

@@ -204,6 +204,41 @@ def test_a_compressed_file_cut_short_keeps_its_lines_and_counts_the_break(tmp_pa
     assert reader.stats.dropped == {"corrupt_compression": 1}  # one count for the rest of a.jsonl.gz
 
 
+def broken_typed_files(folder, kind: str) -> None:
+    """Three files of 200 rows: a.<kind> whole, b cut short (no footer), c with a page overwritten (Parquet;
+    Arrow: c also cut, after its schema)."""
+    table = pa.table({"text": [f"document {i} " + "word " * 20 for i in range(200)]})
+    for name in ("a", "b", "c"):
+        path = folder / f"{name}.{kind}"
+        if kind == "parquet":
+            pq.write_table(table, path, row_group_size=50)
+        else:
+            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+    whole = (folder / f"b.{kind}").read_bytes()
+    (folder / f"b.{kind}").write_bytes(whole[: len(whole) // 2])  # a copy cut short
+    broken = bytearray((folder / f"c.{kind}").read_bytes())
+    if kind == "parquet":
+        broken[len(broken) // 3 : len(broken) // 3 + 200] = bytes(range(200))  # a bad page, the footer intact
+    else:
+        broken = broken[:-100]
+    (folder / f"c.{kind}").write_bytes(bytes(broken))
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_an_unreadable_typed_file_is_left_out_counted_and_named(tmp_path, kind):
+    broken_typed_files(tmp_path, kind)
+    reader = ReadFiles()
+    rows = list(reader.run(tmp_path))
+    assert [row["doc_id"] for row in rows] == [f"a.{kind}[{i}]" for i in range(200)]  # the whole file, ids its own
+    assert reader.stats.extra["corrupt_files"] == ["b." + kind, "c." + kind]
+    lost = {"parquet": 1 + 200, "arrow": 1 + 1}[kind]  # a readable footer tells the rows lost, else 1
+    assert reader.stats.dropped == {"corrupt_file": lost} and reader.stats.documents_in == 200 + lost
+    (tmp_path / f"a.{kind}").unlink()
+    with pytest.raises(ValueError, match=rf"every {kind} file is corrupt or not {kind} \(b.{kind}"):
+        ReadFiles().run(tmp_path / f"b.{kind}")
+
+
 def test_a_file_named_gz_that_is_not_gzip_is_counted_not_a_crash(tmp_path):
     (tmp_path / "a.jsonl.gz").write_text('{"text": "not compressed at all"}\n')
     with pytest.raises(ValueError, match=r"^No document could be read .*dropped: 1 corrupt_compression"):

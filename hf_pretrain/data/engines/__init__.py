@@ -34,7 +34,7 @@ def count_shards(config: PipelineConfig, tasks: int) -> int:
     """How many shards: `tasks`, at most one per input file (line files) or row (typed inputs)."""
     from datasets import DatasetDict, load_from_disk
 
-    from ..read import _rows_in, list_files
+    from ..read import TypedFiles, list_files
     from ..split import own_heldout
 
     kind, files = list_files(config.input)
@@ -49,7 +49,7 @@ def count_shards(config: PipelineConfig, tasks: int) -> int:
             loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
         rows = len(loaded)
     elif kind in ("parquet", "arrow"):
-        rows = sum(_rows_in(p, kind) for p in files)
+        rows = sum(TypedFiles.check(kind, files, [str(p) for p in files]).rows) or 1  # the read names the corrupt
     else:
         rows = len(files)
     return max(1, min(tasks, rows))
@@ -191,7 +191,10 @@ def run_engine(config: PipelineConfig, verbose: bool = True) -> list[BlockStats]
     if verbose:
         print(summary_table(stats))
         print(tasks_table(report, tasks, executor.kind))
-        broken = [name for b in stats for name in b.extra.get("corrupt_files", [])]
-        if broken:
-            print(f"corrupt input, read up to the break and counted as corrupt_compression: {', '.join(broken)}")
+        for b in stats:
+            broken = ", ".join(b.extra.get("corrupt_files", []))
+            if broken and b.dropped.get("corrupt_compression"):
+                print(f"corrupt input, read up to the break and counted as corrupt_compression: {broken}")
+            elif broken:
+                print(f"corrupt input, left out and counted as corrupt_file: {broken}")
     return stats
