@@ -242,42 +242,79 @@ def test_the_tokenizer_is_trained_once_on_its_sample_and_packs_every_shard(corpu
         assert Counter(t for row in rows for t in row) == expected, shard  # every token of the shard, once
 
 
+def train_six_steps(dataset, tokens: tuple[int, int], run: Path, resume=None, stop_at=None) -> dict:
+    """The losses of 6 steps on `dataset()` (built anew, as a restarted job does), a checkpoint every 3."""
+    from hf_pretrain import PretrainForCausalLM, PretrainTrainer
+    from hf_pretrain.data.collator import PackedDocumentCollator
+    from tests.conftest import quick_args, small_config
+    from tests.training.test_resume import Record
+
+    torch.manual_seed(0)
+    args = quick_args(run, max_steps=6, per_device_train_batch_size=2, save_strategy="steps", save_steps=3)
+    record = Record(stop_at)
+    trainer = PretrainTrainer(
+        model=PretrainForCausalLM(small_config(vocab_size=512)),
+        args=args,
+        train_dataset=dataset(),
+        data_collator=PackedDocumentCollator(eos_token_id=tokens[0], pad_token_id=tokens[1]),
+        callbacks=[record],
+    )
+    trainer.train(resume_from_checkpoint=resume)
+    return record.losses
+
+
+def assert_resumes_exactly(dataset, tokens: tuple[int, int], tmp_path: Path) -> None:
+    straight = train_six_steps(dataset, tokens, tmp_path / "straight")
+    first = train_six_steps(dataset, tokens, tmp_path / "resumed", stop_at=3)
+    second = train_six_steps(dataset, tokens, tmp_path / "resumed", resume=True)
+    assert sorted(first) == [1, 2, 3] and sorted(second) == [4, 5, 6]
+    assert {**first, **second} == straight  # identical floats
+
+
+def special_tokens(out: Path) -> tuple[int, int]:
+    """The end-of-document and padding ids of a prepare's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from hf_pretrain.data.pipeline import tokenizer_path
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path(out)))
+    return tokenizer.eos_token_id, tokenizer.pad_token_id
+
+
 @needs_datatrove
 def test_training_on_an_executors_shards_resumes_exactly(corpus, tmp_path):
     """`load_packed` over 2 packed shards is one dataset with a fixed fingerprint: 3 + 3 resumed steps give the
     losses of 6 straight (the sampler positioned in the concatenated rows, as on a one-machine prepare)."""
-    from transformers import AutoTokenizer
-
-    from hf_pretrain import PretrainForCausalLM, PretrainTrainer
-    from hf_pretrain.data.collator import PackedDocumentCollator
-    from hf_pretrain.data.pipeline import tokenizer_path
-    from tests.conftest import quick_args, small_config
-    from tests.training.test_resume import Record
-
     out = tmp_path / "shards"
     assert main(["data", "prepare", str(config_file(corpus, out, kind="local", tasks=2, workers=1))]) == 0
     assert len(list((out / "05-pack" / "train").iterdir())) == 2
-    eos = AutoTokenizer.from_pretrained(str(tokenizer_path(out))).eos_token_id
+    assert_resumes_exactly(lambda: load_packed(out)["train"], special_tokens(out), tmp_path)
 
-    def train(run: Path, resume=None, stop_at=None) -> dict:
-        torch.manual_seed(0)
-        args = quick_args(run, max_steps=6, per_device_train_batch_size=2, save_strategy="steps", save_steps=3)
-        record = Record(stop_at)
-        trainer = PretrainTrainer(
-            model=PretrainForCausalLM(small_config(vocab_size=512)),
-            args=args,
-            train_dataset=load_packed(out)["train"],  # loaded anew each time, as a restarted job does
-            data_collator=PackedDocumentCollator(eos_token_id=eos),
-            callbacks=[record],
-        )
-        trainer.train(resume_from_checkpoint=resume)
-        return record.losses
 
-    straight = train(tmp_path / "straight")
-    first = train(tmp_path / "resumed", stop_at=3)
-    second = train(tmp_path / "resumed", resume=True)
-    assert sorted(first) == [1, 2, 3] and sorted(second) == [4, 5, 6]
-    assert {**first, **second} == straight  # identical floats
+@needs_datatrove
+def test_a_mixture_of_an_executors_shards_and_a_one_machine_output_reads_every_shard_and_resumes_exactly(
+    corpus, tmp_path
+):
+    """A mixture source may be an executor's output (a folder of packed shards): its tokens are every shard's, the
+    order is the same for the same config, and training on it resumes exactly."""
+    from hf_pretrain.data.mixture import MixtureConfig, MixtureDataset
+
+    out = tmp_path / "shards"
+    assert main(["data", "prepare", str(config_file(corpus, out, kind="local", tasks=2, workers=1))]) == 0
+    shards = sorted((out / "05-pack" / "train").iterdir())
+    assert len(shards) == 2
+    config = MixtureConfig(
+        sources={"web": {"path": str(out), "weight": 0.7}, "books": {"path": str(corpus / "one"), "weight": 0.3}}
+    )
+    mixture = MixtureDataset(config)
+    shard_tokens = sum(len(ids) for shard in shards for ids in load_from_disk(str(shard))["input_ids"])
+    assert mixture.source_tokens["web"] == shard_tokens  # both shards read
+    again = MixtureDataset(config)
+    assert again._fingerprint == mixture._fingerprint and len(again) == len(mixture) > 12
+    assert [again[i]["input_ids"] for i in range(len(again))] == [mixture[i]["input_ids"] for i in range(len(mixture))]
+    trained = mixture.tokens_per_source(len(mixture))
+    assert trained["books"] > 0 and abs(trained["web"] / sum(trained.values()) - 0.7) < 0.05
+    assert_resumes_exactly(lambda: MixtureDataset(config), special_tokens(out), tmp_path)
 
 
 @pytest.fixture(scope="session")
