@@ -95,9 +95,10 @@ def test_a_background_write_that_fails_on_one_rank_stops_every_rank_at_the_same_
     assert "checkpoint-6: the background write failed on rank(s) [1]" in output, output[-3000:]  # rank 0 told
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3"]  # the half-written one gone
     assert check_checkpoint(tmp_path / "checkpoint-3").ok
-    # raised by one step on both ranks: the first after both writers ended (rank 0's write takes a few steps)
+    # raised by one step on both ranks: the first after both writers ended (step 7 at the earliest, when both were
+    # done by then; later when rank 0's write took a few steps), so the last step trained is the same on both
     last = {max(json.loads((tmp_path / f"losses-straight-rank{rank}.json").read_text())) for rank in (0, 1)}
-    assert len(last) == 1 and 7 <= int(next(iter(last))) < 15, last
+    assert len(last) == 1 and 6 <= int(next(iter(last))) < 15, last
 
 
 def assert_recovered(result, out, reference, resumed_from):
