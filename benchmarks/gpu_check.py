@@ -22,9 +22,10 @@ figure it should have is missing, on a dry run too. gpu_check.json is rewritten 
 | `step_time_events` | `ThroughputCallback`'s `step_time_s` (CUDA events) around bf16 steps vs the synchronised wall time and the host's enqueue time | events within 5 % of the synchronised wall time |
 | `straggler_2proc` | `PretrainTrainer`, 2 processes on the one GPU (DDP over gloo), rank 1 slowed inside its linears (`torch.cuda._sleep`, benchmarks/gpu/faults.py) | the DDP rule and the linears' rule both name rank 1 |
 | `telemetry_overhead` | `gpt2-124m` bf16 steps with every callback on vs extras off, alternated (benchmarks/telemetry_overhead.py) | ratio <= 1.01 |
+| `async_staging` | an asynchronous save's copy of `gpt2-124m`'s fp32 weights and AdamW states beside the next step (`BackgroundSaves`: pinned copy on its own stream, the update held for it) against `torch.save` of the same | the files equal the state of their own step; stall async / sync <= 0.1 |
 
-One module per check in benchmarks/gpu/. Packages: `mfu_bf16`, `straggler_2proc` and
-`telemetry_overhead` need `datasets` (`PretrainTrainer` imports the data chain), `fp8_vs_bf16` needs
+One module per check in benchmarks/gpu/. Packages: `mfu_bf16`, `straggler_2proc`,
+`telemetry_overhead` and `async_staging` need `datasets` (`PretrainTrainer` imports the data chain), `fp8_vs_bf16` needs
 `torchao`; nothing imports them at module import time, and a missing one skips only the checks that
 need it. hf_pretrain is imported from this checkout (the parent folder) when it is not installed.
 transformers older than setup.cfg's floor is tried anyway and named in the env row and in any error.
@@ -61,6 +62,7 @@ CHECKS = (
     "step_time_events",
     "straggler_2proc",
     "telemetry_overhead",
+    "async_staging",
 )
 
 

@@ -33,6 +33,7 @@ CHECKS = {
     "step_time_events",
     "straggler_2proc",
     "telemetry_overhead",
+    "async_staging",
 }
 
 
@@ -81,6 +82,10 @@ def test_dry_run_runs_every_check_and_reads_back_every_figure_on_a_cpu(tmp_path)
     assert memory["details"]["chunked_loss"] is (rows["env"]["details"]["chunked_loss"] != "none")
     overhead = rows["telemetry_overhead"]["details"]
     assert overhead["ratio"] > 0 and len(overhead["round_ratios"]) == 1 and overhead["steps"] > 0
+    # an asynchronous save writes its own step's state though its copy ran beside the next step (judged on a CPU
+    # too), and the check can fail: the state after that step differs
+    staging = rows["async_staging"]["details"]
+    assert staging["equal"] and staging["moved"] and staging["beside"] == 2 and rows["async_staging"]["pass"] is None
     # the GPU goals are printed, not judged, on a dry run
     judged = ("mfu_bf16", "fp8_vs_bf16", "memory_estimate", "step_time_events", "telemetry_overhead")
     assert all(rows[n]["pass"] is None for n in judged)
