@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from .common import Context, free_memory, old_transformers, require
+from .common import Context, free_memory, model_optimizer_batch, old_transformers, require
 
 GOAL = "written = its own step's state; stall async / sync <= 0.1"
 
@@ -48,15 +48,10 @@ def same(a, b) -> bool:
 
 def run(ctx: Context) -> dict:
     require(old_transformers())
-    from hf_pretrain import PretrainForCausalLM, get_preset
     from hf_pretrain.training.resume.background import BackgroundSaves, stepped_storages
 
     s = ctx.sizes
-    config = get_preset(s.overhead_preset, max_position_embeddings=s.overhead_seq)
-    torch.manual_seed(0)
-    model = PretrainForCausalLM(config).to(ctx.device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=ctx.cuda)
-    ids = torch.randint(3, config.vocab_size, (s.overhead_batch, s.overhead_seq), device=ctx.device)
+    model, optimizer, ids = model_optimizer_batch(ctx, s.overhead_preset, s.overhead_seq, s.overhead_batch, 1e-3)
     train_step(model, optimizer, ids)
     reference, written = ctx.workdir / "async_staging" / "sync", ctx.workdir / "async_staging" / "async"
     reference.mkdir(parents=True, exist_ok=True)

@@ -204,6 +204,18 @@ def packed_rows(vocab: int, seq: int, rows: int, seed: int = 0) -> list[dict]:
     return out
 
 
+def model_optimizer_batch(ctx: Context, preset: str, seq: int, batch: int, lr: float):
+    """A seeded `preset` model in training mode on the device, its AdamW (fused on CUDA) and a batch of ids."""
+    from hf_pretrain import PretrainForCausalLM, get_preset
+
+    config = get_preset(preset, max_position_embeddings=seq)
+    torch.manual_seed(0)
+    model = PretrainForCausalLM(config).to(ctx.device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=ctx.cuda)
+    ids = torch.randint(3, config.vocab_size, (batch, seq), device=ctx.device)
+    return model, optimizer, ids
+
+
 def timed_steps(model, optimizer, ids, steps: int, dtype: torch.dtype, device: torch.device) -> list[float]:
     """Seconds of each training step (forward, backward, optimizer) on the device's clock, read after the loop."""
     from hf_pretrain.telemetry.timing import DeviceClock, PendingIntervals

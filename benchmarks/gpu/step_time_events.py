@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import torch
 
-from .common import Context, free_memory, old_transformers, require, sync, timed_steps
+from .common import Context, free_memory, model_optimizer_batch, old_transformers, require, sync, timed_steps
 
 GOAL = "event step time within 5 % of synced wall"
 
@@ -18,15 +18,10 @@ def run(ctx: Context) -> dict:
     require(old_transformers())
     from transformers import TrainerControl, TrainerState
 
-    from hf_pretrain import PretrainForCausalLM, get_preset
     from hf_pretrain.telemetry.throughput import ThroughputCallback
 
     s = ctx.sizes
-    config = get_preset(s.events_preset, max_position_embeddings=s.events_seq)
-    torch.manual_seed(0)
-    model = PretrainForCausalLM(config).to(ctx.device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=ctx.cuda)
-    ids = torch.randint(3, config.vocab_size, (s.events_batch, s.events_seq), device=ctx.device)
+    model, optimizer, ids = model_optimizer_batch(ctx, s.events_preset, s.events_seq, s.events_batch, 1e-4)
     timed_steps(model, optimizer, ids, 2, ctx.dtype, ctx.device)  # warm-up
     args = SimpleNamespace(device=ctx.device, world_size=1, bf16=ctx.cuda, fp16=False, precision=None)
     state, control = TrainerState(), TrainerControl()
