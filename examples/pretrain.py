@@ -131,8 +131,33 @@ class DataArguments:
 
 def parse_args(argv: list[str] | None = None):
     parser = HfArgumentParser((ModelArguments, DataArguments, PretrainingArguments))
-    parser.set_defaults(**EXAMPLE_DEFAULTS)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser.set_defaults(**{**EXAMPLE_DEFAULTS, **implied_defaults(argv)})
     return parser.parse_args_into_dataclasses(args=argv)
+
+
+def flag_value(flag: str, argv: list[str]) -> str | None:
+    """The value given to `flag` on the command line (`--flag value` or `--flag=value`), None when not given."""
+    for i, arg in enumerate(argv):
+        if arg == flag:
+            return argv[i + 1] if i + 1 < len(argv) else ""
+        if arg.startswith(f"{flag}="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def implied_defaults(argv: list[str]) -> dict:
+    """The example saves nothing by default (save_strategy "no"): --save_steps given alone asks for saves at those
+    steps, as with plain `Trainer` (whose save_strategy defaults to "steps"); beside --save_strategy no it is
+    refused, since one of the two would be ignored (and `--resume_from_checkpoint auto` would restart from 0)."""
+    if flag_value("--save_steps", argv) is None:
+        return {}
+    strategy = flag_value("--save_strategy", argv)
+    if strategy == "no":
+        raise ValueError(
+            "--save_steps is given but --save_strategy is no: drop --save_strategy no to save every N steps."
+        )
+    return {} if strategy else {"save_strategy": "steps"}
 
 
 def resolve_dtype(model_args: ModelArguments, args: PretrainingArguments) -> tuple[str, PretrainingArguments]:
@@ -425,7 +450,10 @@ def main(argv: list[str] | None = None) -> dict:
         fail(err)
     set_seed(args.seed)  # the initial weights, not only the data order, follow --seed
     model = build_model(model_args, tokenizer, data_args.seq_len)
-    collator = PackedDocumentCollator(tokenizer.eos_token_id, separate_documents=data_args.separate_documents)
+    # pad_token_id: rows of best-fit sources (a mixture's) differ in length; padding is counted as no token
+    collator = PackedDocumentCollator(
+        tokenizer.eos_token_id, separate_documents=data_args.separate_documents, pad_token_id=tokenizer.pad_token_id
+    )
     trainer = PretrainTrainer(
         model=model,
         args=args,

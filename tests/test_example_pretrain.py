@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -160,6 +161,17 @@ def test_help_lists_every_flag_without_crashing(capsys):
 
 
 @pytest.mark.parametrize(
+    "flags, strategy",
+    [(["--save_steps", "5"], "steps"), (["--save_steps=5", "--save_strategy=epoch"], "epoch"), ([], "no")],
+)
+def test_save_steps_given_alone_saves_at_those_steps(flags, strategy):
+    """The example saves nothing by default; --save_steps alone saved nothing, silently (as plain `Trainer`,
+    whose save_strategy defaults to "steps", it now saves)."""
+    args = example_module().parse_args(["--output_dir", "unused", *flags])[2]
+    assert args.save_strategy == strategy
+
+
+@pytest.mark.parametrize(
     "flags, message",
     [
         (["--window_pattern", "SXL"], "error: PretrainConfig.window_pattern='SXL' is invalid"),
@@ -173,6 +185,7 @@ def test_help_lists_every_flag_without_crashing(capsys):
         (["--gradient_accumulation_steps", "0"], "error: --gradient_accumulation_steps 0 is invalid: use a whole"),
         (["--learning_rate", "-1"], "error: --learning_rate -1 is invalid: a learning rate is not negative"),
         (["--output_dir", "FILE"], "error: --output_dir FILE is a file, not a folder: pass a folder path"),
+        (["--save_steps", "5", "--save_strategy", "no"], "error: --save_steps is given but --save_strategy is no"),
         (
             ["--seq_len", "100000", "--use_cpu", "True"],  # on a GPU with flash kernels it might fit
             "error: memory preflight: sequences of 100000 tokens x micro-batch 16 (fp32) need",
@@ -281,3 +294,54 @@ def test_a_mixture_of_prepared_sources_trains_in_its_order_with_their_tokenizer(
         example.main(flags)
     error = capsys.readouterr().err.splitlines()[-1]
     assert exit_info.value.code == 2 and "were tokenized by different tokenizers" in error, error
+
+
+def best_fit_source(tmp_path: Path, name: str, documents: list[str], tokenizer: str | None = None) -> Path:
+    """A source prepared with best-fit packing (rows of different lengths, docs/data.md's own example mode)."""
+    from hf_pretrain.data.pipeline import Pipeline
+    from hf_pretrain.data.pipeline_config import PipelineConfig
+
+    corpus = tmp_path / f"{name}.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": d}) for d in documents) + "\n")
+    config = PipelineConfig(
+        input=str(corpus),
+        output_dir=str(tmp_path / name),
+        heldout_fraction=0.1,
+        clean=None,
+        dedup=None,
+        tokenizer={"path": tokenizer} if tokenizer else {"vocab_size": 300},
+        pack={"seq_len": 64, "mode": "best_fit"},
+    )
+    Pipeline(config, verbose=False).run()
+    return tmp_path / name
+
+
+def test_a_mixture_of_best_fit_sources_trains_and_resumes_exactly(tmp_path, capsys):
+    """Best-fit rows differ in length: the example's collator pads them (it raised at the first batch), and a run
+    resumed from a checkpoint of the straight run repeats its losses bit for bit."""
+    from hf_pretrain.data import embedded_documents
+    from hf_pretrain.data.pipeline import load_packed, tokenizer_path
+    from hf_pretrain.telemetry.jsonl import read_jsonl
+
+    example = example_module()
+    docs = embedded_documents()
+    web = best_fit_source(tmp_path, "web", docs[:60])
+    code = best_fit_source(tmp_path, "code", docs[60:120], tokenizer=str(tokenizer_path(web)))
+    rows = load_packed(web)["train"]["input_ids"]
+    assert len({len(r) for r in rows}) > 1  # the case: rows of different lengths
+    mixture = {"sources": {"web": {"path": str(web), "weight": 0.6}, "code": {"path": str(code), "weight": 0.4}}}
+    (tmp_path / "mixture.json").write_text(json.dumps(mixture))
+    flags = ["--mixture", str(tmp_path / "mixture.json"), "--seq_len", "64", "--max_steps", "4", "--logging_steps", "1"]
+    flags += ["--per_device_train_batch_size", "4", "--save_strategy", "steps", "--save_steps", "2"]
+    example.main(["--output_dir", str(tmp_path / "straight"), *flags])
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(tmp_path / "straight" / "checkpoint-2", resumed / "checkpoint-2")
+    example.main(["--output_dir", str(resumed), *flags, "--resume_from_checkpoint", "auto"])
+
+    def losses(run: Path) -> dict[int, float]:
+        return {r["step"]: r["loss"] for r in read_jsonl(run) if "loss" in r}
+
+    straight = losses(tmp_path / "straight")
+    assert set(straight) == {1, 2, 3, 4}
+    assert losses(resumed) == {3: straight[3], 4: straight[4]}  # identical floats
