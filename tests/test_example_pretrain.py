@@ -75,6 +75,13 @@ def test_default_job_trains_evaluates_saves_and_samples(tmp_path, capsys, steps)
     assert "held-out loss" in proc.stdout and "unigram entropy" in proc.stdout and "tokens_per_second" in proc.stdout
     assert set(summary["samples"]) == {"The for statement", "A class definition", "If 5x + 3 = 13, then x is"}
     assert all(isinstance(text, str) and text for text in summary["samples"].values())
+    # The report says the held-out loss the job printed (it said "not logged": the final evaluate() ran outside
+    # train(), unheard by the telemetry stream), and of the downstream panels that they were not asked for.
+    from hf_pretrain.report.summary import summary_rows
+    from hf_pretrain.telemetry.jsonl import read_jsonl
+
+    rows = dict(summary_rows(tmp_path / "run", read_jsonl(tmp_path / "run")))
+    assert rows["held-out loss"] == f"{summary['heldout_loss']:.4f}", rows
 
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "run")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run")

@@ -4,14 +4,16 @@ Reads `RUN_DIR/telemetry.jsonl` (written by `JsonlCallback`) and draws, against 
 training and held-out loss with the learning rate on a second axis; tokens/s; MFU against spec and
 against the measured ceiling (rates on axes from zero); SM clock, power, compute and wait time per
 rank; memory; utilization beside power as a share of its limit; the downstream tasks' centered
-accuracy (0 = chance) and bits per byte; goodput (where the wall time went: productive, restarts,
-checkpoint stalls, evaluations; its summary line is a row of the page's table). The HTML page opens
+accuracy (0 = chance) and bits per byte; goodput (where the wall time went, stacked: productive, restarts,
+checkpoint stalls, evaluations, other; its summary line is a row of the page's table). Rates, memory and
+utilization are drawn on axes from zero. The HTML page opens
 with a summary table (`summary.py`). Warnings of the run
 (straggler, under-clock, attention fallback) are merged into episodes (consecutive logs carrying
 one), drawn as a line at their start and a shaded span over their length on every panel, and
 listed in the HTML page, with the realised token share of each source of a data mixture (`telemetry/mixture.py`)
 beside its target. A series the device never reported is drawn as
-the word "unavailable", not as a line at 0. Written with matplotlib's Agg backend (no display
+the word "unavailable", not as a line at 0; a panel of something the run did not ask for says so ("not run
+(pass --downstream_tasks)"). Written with matplotlib's Agg backend (no display
 needed); the HTML page embeds the PNG and the warnings, so it is one self-contained file.
 """
 
@@ -62,7 +64,17 @@ PANELS = (
     ("downstream_bpb", "downstream: bits per byte of the gold answer", [r"^downstream/[^/]+/bpb$"]),
     ("goodput", "time spent (s, since the run began)", [r"^goodput_(wall|productive|restart|checkpoint|eval)_s$"]),
 )
-FROM_ZERO = ("throughput", "mfu")  # rates: a drop from 9,000 to 8,500 tokens/s must not fill the panel
+# Rates, amounts and shares from zero: a drop from 9,000 to 8,500 tokens/s, or memory at 0.78-0.88 GiB, must not fill
+# the panel; the utilization panel is a share (0-100 %).
+FROM_ZERO = ("throughput", "mfu", "memory", "utilization")
+# What an empty panel says: nothing measured on this device, or nothing asked for.
+NOT_RUN = {
+    "downstream": "not run (pass --downstream_tasks)",
+    "downstream_bpb": "not run (pass --downstream_tasks)",
+    "goodput": "not logged (telemetry off)",
+}
+# The goodput panel: the wall time stacked by where it went (what none of the counters names is "other").
+GOODPUT_PARTS = ("productive", "restart", "checkpoint", "eval")
 
 
 def series(records: list[dict], pattern: str) -> dict[str, tuple[list[int], list[float]]]:
@@ -132,18 +144,20 @@ def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tup
         drawn = {k: v for p in patterns for k, v in series(records, p).items()}
         if any(k.startswith("rank") for k in drawn):  # per-rank figures supersede this rank's own
             drawn = {k: v for k, v in drawn.items() if k.startswith("rank") or "limit" in k or "max" in k}
-        for key, (steps, values) in sorted(drawn.items()):
-            style = "--" if ("wait" in key or "limit" in key or "max" in key) else "-"
-            aggregate = {"color": "black", "linewidth": 2.5} if key == "downstream/centered" else {"linewidth": 1.5}
-            ax.plot(steps, values, style, marker="o", markersize=3, label=key, **aggregate)
+        if name == "goodput" and drawn:
+            _stack_goodput(ax, records)
+        else:
+            for key, (steps, values) in sorted(drawn.items()):
+                style = "--" if ("wait" in key or "limit" in key or "max" in key) else "-"
+                aggregate = {"color": "black", "linewidth": 2.5} if key == "downstream/centered" else {"linewidth": 1.5}
+                ax.plot(steps, values, style, marker="o", markersize=3, label=key, **aggregate)
         if drawn:
             ax.legend(fontsize=8, loc="best")
             ax.ticklabel_format(axis="y", useOffset=False, style="plain")
             _decorate(ax, name, records)
         else:
-            ax.text(
-                0.5, 0.5, "unavailable on this device", ha="center", va="center", transform=ax.transAxes, color="gray"
-            )
+            empty = NOT_RUN.get(name, "unavailable on this device")
+            ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes, color="gray")
             ax.set_yticks([])
         for first, last, key, _ in spans:
             color = {"attention_fallback": "orange", "underclock_warning": "purple"}.get(key, "red")
@@ -172,8 +186,22 @@ def render_report(run_dir: str | Path, out_dir: str | Path | None = None) -> tup
     return png, page
 
 
+def _stack_goodput(ax, records: list[dict]) -> None:
+    """The wall time so far as stacked areas: productive, restarts, checkpoint stalls, evaluations, other."""
+    logged = [r for r in records if isinstance(r.get("goodput_wall_s"), (int, float))]
+    steps = [r["step"] for r in logged]
+    parts = {k: [float(r.get(f"goodput_{k}_s") or 0.0) for r in logged] for k in GOODPUT_PARTS}
+    wall = [float(r["goodput_wall_s"]) for r in logged]
+    parts["other"] = [max(w - sum(p[i] for p in parts.values()), 0.0) for i, w in enumerate(wall)]
+    colors = ("tab:green", "tab:red", "tab:orange", "tab:blue", "lightgray")
+    ax.stackplot(steps, *parts.values(), labels=list(parts), colors=colors, alpha=0.8)
+    ax.plot(steps, wall, "-", color="black", linewidth=1.2, label="wall")
+
+
 def _decorate(ax, panel: str, records: list[dict]) -> None:
-    if panel in FROM_ZERO:
+    if panel == "utilization":
+        ax.set_ylim(0, 105)
+    elif panel in FROM_ZERO:
         ax.set_ylim(bottom=0)
     elif panel == "downstream":
         ax.axhline(0, color="gray", linestyle=":", linewidth=1)

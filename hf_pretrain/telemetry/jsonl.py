@@ -4,8 +4,9 @@ The one run-event stream of hf_pretrain: the Trainer's logs with everything the 
 callbacks merged into them (throughput, MFU, sensors, straggler per-rank figures, warnings), each
 with `step` and wall-clock `time`. Written by the main process only and flushed per line, so a run
 that dies keeps what it logged. After a resume the records past the resumed step are dropped
-before the replayed steps are logged again, so every step appears once. `hf-pretrain report` reads it. It writes what it is given and logs
-no keys of its own besides `step` and `time`.
+before the replayed steps are logged again, so every step appears once. An `evaluate()` outside `train()` is
+appended too (`record_outside_train`). `hf-pretrain report` reads it. It writes what it is given and logs no keys
+of its own besides `step` and `time`.
 """
 
 from __future__ import annotations
@@ -63,6 +64,14 @@ class JsonlCallback(PretrainCallback):
         record = {"step": state.global_step, "time": time.time(), **{k: _jsonable(v) for k, v in logs.items()}}
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def record_outside_train(trainer, logs: dict) -> None:
+    """A log made outside `train()` (an `evaluate()` after it, as the example's final held-out loss) appended to
+    the stream when telemetry is on: no callback of a train() is attached then, and the report must not say "not
+    logged" of a figure the run measured."""
+    if logs and HardwareSensorsCallback.settings(trainer.args)["telemetry"]:
+        JsonlCallback(trainer.args.output_dir).on_log(trainer.args, trainer.state, None, logs=logs)
 
 
 def _step_of(line: str) -> int | None:

@@ -36,6 +36,7 @@ from ..callback import PretrainCallback
 from ..precision import high_precision
 from ..preflight.attention import AttentionReport
 from ..telemetry.console import restore_console, swap_console
+from ..telemetry.jsonl import record_outside_train
 from .eval_metrics import is_causal_lm, lm_eval_metrics
 from .fsdp import fsdp_on_cpu, save_config, save_full_weights, sharded_saves
 from .loss_guard import LossGuardCallback, guard_optimizer
@@ -251,7 +252,10 @@ class PretrainTrainer(TrainerPrivateOverrides):
             if not self.extras:
                 return super().evaluate(*args, **kwargs)
             with lm_eval_metrics(self), self.recovery.phase("eval"):
-                return super().evaluate(*args, **kwargs)
+                metrics = super().evaluate(*args, **kwargs)
+        if not self._attached:  # outside train(): no telemetry callback heard the log
+            record_outside_train(self, metrics)
+        return metrics
 
     def predict(self, *args, **kwargs):
         with high_precision(self.model):

@@ -110,6 +110,7 @@ def test_report_draws_lr_beside_the_losses_rates_from_zero_and_summarises_the_fi
     records = two_node_records()[:5]
     for record in records:
         record.update(learning_rate=1e-3 * record["step"] / 50, eval_loss=record["loss"] + 0.3)
+        record.update(process_rss_gib=0.78 + record["step"] / 1000, cpu_utilization_pct=99.5 + record["step"] / 200)
     write_run(tmp_path, records)
     precision = {"recipe": "fp8", "matmuls": "fp8", "scaling": "rowwise"}
     (tmp_path / "preflight.json").write_text(json.dumps({"attention": {"rows": []}, "precision": precision}))
@@ -123,6 +124,10 @@ def test_report_draws_lr_beside_the_losses_rates_from_zero_and_summarises_the_fi
     assert [line.get_label() for line in twin.lines] == ["learning_rate"] and twin.get_ylim()[0] == 0
     assert axes["tokens"].get_ylim()[0] == 0 and axes["MFU"].get_ylim()[0] == 0  # 5,000-9,000 tokens/s from 0
     assert loss.get_ylim()[0] > 0  # a loss keeps its own range
+    assert axes["memory"].get_ylim()[0] == 0 and axes["utilization"].get_ylim() == (0, 105)  # 0.78-0.88 GiB
+    said = {text.get_text() for ax in (axes["downstream:"], axes["time"]) for text in ax.texts}
+    assert {"not run (pass --downstream_tasks)", "not logged (telemetry off)"} <= said  # no downstream, no goodput
+    assert not any("unavailable" in text for text in said)  # nothing about the device
     text = page.read_text()
     assert "<th>precision</th><td>fp8 matmuls (recipe fp8, rowwise scaling)</td>" in text
     assert "<th>training loss</th><td>7.0000</td>" in text and "<th>held-out loss</th><td>7.3000</td>" in text
@@ -137,3 +142,29 @@ def test_report_says_an_older_preflight_holds_no_precision(tmp_path):
     assert (
         "<th>precision</th><td>not in the run directory (preflight.json of an older version)</td>" in page.read_text()
     )
+
+
+def test_report_stacks_the_goodput_so_the_parts_add_up_to_the_wall_time(tmp_path, monkeypatch):
+    """Five cumulative lines drawn on top of each other read as one; stacked areas show where the time went."""
+    import hf_pretrain.report.dashboard as dashboard
+
+    records = [{"step": s, "loss": 3.0} for s in (10, 20, 30)]
+    for i, record in enumerate(records, start=1):
+        record.update(
+            goodput_wall_s=100.0 * i,
+            goodput_productive_s=70.0 * i,
+            goodput_restart_s=10.0 * i,
+            goodput_checkpoint_s=5.0 * i,
+            goodput_eval_s=5.0 * i,
+        )
+    write_run(tmp_path, records)
+    figures = []
+    monkeypatch.setattr(dashboard.plt, "close", figures.append)
+    render_report(tmp_path)
+    (panel,) = [ax for ax in figures[0].axes if ax.get_title().startswith("time spent")]
+    stacked = panel.collections
+    assert [c.get_label() for c in stacked] == ["productive", "restart", "checkpoint", "eval", "other"]
+    top = stacked[-1].get_paths()[0].vertices[:, 1].max()  # the last layer's upper edge: the wall time
+    assert top == pytest.approx(300.0)
+    (wall,) = [line for line in panel.lines if line.get_label() == "wall"]
+    assert list(wall.get_ydata()) == [100.0, 200.0, 300.0]

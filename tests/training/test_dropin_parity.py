@@ -292,3 +292,16 @@ def test_resume_with_another_batch_size_warns_and_does_what_trainer_does(tmp_pat
     assert "Cannot resume the data position exactly: samples_per_micro_batch is 4" in caplog.text
     assert [step for step in losses(resumed["p"]) if step > 5] == [6, 7, 8, 9, 10]
     assert_same_run(resumed["p"], resumed["t"])
+
+
+def test_the_entries_added_to_output_dir_are_the_documented_ones(tmp_path):
+    """transformers' TrainerBestModelTest counts the entries of output_dir: ours beside Trainer's are exactly the
+    run records docs/telemetry.md lists and argues for, nothing else."""
+    listed = {}
+    for trainer_cls in (Trainer, PretrainTrainer):
+        out = tmp_path / trainer_cls.__name__
+        train(trainer_cls, regression_model(), out, regression_rows(), num_train_epochs=2, save_strategy="epoch")
+        listed[trainer_cls] = {p.name for p in out.iterdir()}
+    assert listed[Trainer] == {"checkpoint-8", "checkpoint-16"}
+    assert listed[PretrainTrainer] - listed[Trainer] == {"telemetry.jsonl", "recovery"}  # docs/telemetry.md
+    assert listed[Trainer] <= listed[PretrainTrainer]
