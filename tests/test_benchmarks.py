@@ -111,3 +111,10 @@ def test_telemetry_overhead_benchmark_times_whole_windows_and_prints_mean_ratios
     ratio = load("telemetry_overhead").main(args)
     out = capsys.readouterr().out
     assert ratio > 0 and "means over whole windows" in out and "4 steps each" in out and "cpu:" in out
+
+
+@pytest.mark.distributed
+def test_failure_exchange_benchmark_times_the_three_loops_on_gloo_ranks(capsys):
+    results = load("failure_exchange").main(["--ranks", "2", "--steps", "3", "--rounds", "1", "--width", "64"])
+    assert set(results) == {2} and {"none", "in flight", "per micro-batch"} <= set(results[2])
+    assert results[2]["ratio"] > 0 and "2 gloo ranks: none" in capsys.readouterr().out

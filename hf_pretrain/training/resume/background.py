@@ -21,9 +21,10 @@ thread), rank 0 flushes the folder and renames it into place, then rotates the o
 Kept from the synchronous save: a `checkpoint-N` appears only complete; rotation only after it did; the same
 bytes, so a resume is exact; at most one save in flight (the next waits for it, and says so); a failed write is
 raised on every rank by the same training step, the first after the write ended on every rank (`settled`: while a
-save is outstanding, each micro-batch first agrees with the others whether it is over, one flag all-reduced on a
-second gloo group of the checkpointer's; a rank that checked only its own writer would train on into a collective
-that the failed rank never joins); `finish()` makes the last save complete
+save is outstanding, each optimizer step reads whether it is over on every rank from one flag all-reduced on a
+second gloo group of the checkpointer's, started a step before with `async_op`; a rank that checked only its own
+writer would train on into a collective that the failed rank never joins); an exchange of the outcome that fails
+(a peer lost, a timeout) is that rank's write error, never a quiet end; `finish()` makes the last save complete
 before `train()` returns. DCP's `async_save` is not called as such: it starts an executor per call, and FSDP2's
 model and optimizer are two calls whose collectives must not run from two threads at once; its stager and `save`
 run here, in order, on one thread. DeepSpeed's own asynchronous writer (`checkpoint.writer.decoupled`) commits a
@@ -100,6 +101,7 @@ class BackgroundSaves:
         self._before_step = None  # the optimizer pre-step hook's handle while copies are out
         self._group = None
         self._poll_group = None  # the training threads' agreement that a save is over (`settled`)
+        self._poll: tuple | None = None  # (work, flag) of the poll started at the previous step
 
     @property
     def in_flight(self) -> str | None:
@@ -184,16 +186,40 @@ class BackgroundSaves:
 
     def settled(self) -> bool:
         """Whether the save in flight is over on every rank (then its outcome, gathered by the writers, is the same
-        everywhere); True with none. Called by every rank at every micro-batch: a collective while one is out."""
+        everywhere); True with none. Called by every rank once per optimizer step while a save is out.
+
+        One process: its own writer says. Several: each call reads the answer of the previous step's poll (one
+        1-element all-reduce, MIN of "my writer is done", started with `async_op` and waited a step later, when it
+        has long completed) and starts the next; every rank reads the same answer at the same step, so a failed
+        write is raised by the same step everywhere, at most two steps after the last writer ended. Cost: one
+        asynchronous host collective per step while a write is out, none otherwise (benchmarks/failure_exchange.py)."""
         if self.job is None:
             return True
-        done = torch.tensor([float(self.job.done.is_set())])
-        if self._poll_group is not None:
-            dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self._poll_group)
-        if not done.item():
+        if self._poll_group is None:
+            over = self.job.done.is_set()
+        else:
+            over = self._poll_answer()
+            if not over:
+                flag = torch.tensor([float(self.job.done.is_set())])
+                work = dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._poll_group, async_op=True)
+                self._poll = (work, flag)
+        if over:
+            self.wait()  # over everywhere: nothing more to agree on
+        return over
+
+    def _poll_answer(self) -> bool:
+        """The answer of the poll in flight (waited for: started a step ago), False with none. A poll that fails (a
+        peer lost) raises this rank's own write error when it has one, else the collective's."""
+        if self._poll is None:
             return False
-        self.wait()  # over everywhere: nothing more to agree on
-        return True
+        (work, flag), self._poll = self._poll, None
+        try:
+            work.wait()
+        except Exception:
+            if self.job is not None and self.job.done.is_set() and self.error is not None:
+                self.raise_if_failed()
+            raise
+        return bool(flag.item())
 
     def agree(self, usable: bool) -> bool:
         """Whether every rank can save in the background (called once, by every rank, at the first save)."""
@@ -216,28 +242,40 @@ class BackgroundSaves:
                 write.run()
         except BaseException as failure:  # every failure is reported at the next step
             error = failure
-        failed = self._failed_ranks(error is not None)
+        error, failed = self._failed_ranks(error)
         if not failed:
             try:
                 promote()
             except BaseException as failure:
                 error = failure
-            failed = self._failed_ranks(error is not None)
+            error, failed = self._failed_ranks(error)
         if failed:
             self.error = describe_error(error, failed)
 
-    def _failed_ranks(self, failed: bool) -> list[int]:
+    def _failed_ranks(self, error: BaseException | None) -> tuple[BaseException | None, list[int]]:
+        """This rank's error and the ranks whose write failed, gathered from every rank. An exchange that fails (a
+        gloo timeout, a lost peer) is this rank's failure: the checkpoint is then neither promoted nor lost quietly
+        (the thread would end without an error, and `auto` would resume an older checkpoint without a word)."""
         group = self.group()
         if group is None:
-            return [self.rank] if failed else []
+            return error, [self.rank] if error is not None else []
         flags = [torch.zeros(1) for _ in range(self.world_size)]
-        dist.all_gather(flags, torch.tensor([float(failed)]), group=group)
-        return [rank for rank, flag in enumerate(flags) if flag.item()]
+        try:
+            dist.all_gather(flags, torch.tensor([float(error is not None)]), group=group)
+        except Exception as exchange:
+            failure = RuntimeError(f"the ranks could not agree on the write's outcome: {exchange}")
+            failure.__cause__ = exchange
+            return error or failure, [self.rank]
+        return error, [rank for rank, flag in enumerate(flags) if flag.item()]
 
     def wait(self, next_save: str | None = None) -> float:
         """Wait for the save in flight; returns the seconds waited (logged when a next save had to wait)."""
         start = time.monotonic()
         self.wait_for_copies()
+        if self._poll is not None:  # every rank started it at the same step: drained, its answer no longer needed
+            with contextlib.suppress(Exception):  # a lost peer is for the next collective to say
+                self._poll[0].wait()
+            self._poll = None
         job = self.job
         if job is None:
             return time.monotonic() - start

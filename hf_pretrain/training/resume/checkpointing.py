@@ -93,6 +93,7 @@ class Checkpointing:
         self.staging: str | None = None  # where the Trainer's save writes while a save is staged
         self.background: BackgroundSaves | None = None  # async_checkpoint, once the first save found it usable
         self._sync_reason: str | None = None  # why saves are synchronous although async_checkpoint asks otherwise
+        self._polled_step: int | None = None  # the optimizer step whose first micro-batch polled the save in flight
 
     def clear_interrupted(self) -> None:
         args = self.trainer.args
@@ -260,9 +261,13 @@ class Checkpointing:
         return None
 
     def raise_if_failed(self) -> None:
-        """A background write that failed is raised here, on every rank by the same training step: the first after
-        the write ended on every rank."""
-        if self.background is not None and self.background.settled():
+        """A background write that failed is raised here, on every rank by the same training step (`settled`: within
+        two steps after the write ended on every rank). Called at every micro-batch; polls once per optimizer step."""
+        step = self.trainer.state.global_step
+        if self.background is None or step == self._polled_step:
+            return
+        self._polled_step = step
+        if self.background.settled():
             self.background.raise_if_failed()
 
     def finish(self) -> None:
