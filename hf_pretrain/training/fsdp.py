@@ -22,6 +22,12 @@ shards anything. Two gaps are closed, both small:
   folders, no gather) and get the `config.json` every other checkpoint has, so `accelerate
   merge-weights checkpoint-N/pytorch_model_fsdp_0 checkpoint-N` makes one loadable by itself.
 
+- **Asynchronous sharded saves.** accelerate gets a sharded state dict with `offload_to_cpu` (its default): on a
+  GPU a blocking device-to-host copy into unpinned memory, on the training thread, of every shard. An asynchronous
+  save (`resume/background.py`) stages the state itself, into pinned buffers it reuses, beside the next step: with
+  the offload on the state would be copied twice (and held twice in host memory). `device_state_dicts()` turns the
+  offload off for the duration of an asynchronous save, so DCP's stager makes the only copy.
+
 Written by hand: a two-line accelerate gap, not a feature a library offers (checked: accelerate
 1.15, transformers 5.24).
 """
@@ -81,6 +87,21 @@ def is_fsdp2(trainer) -> bool:
 def sharded_saves(trainer) -> bool:
     """FSDP2 whose state dicts are sharded: `save_model()` would write no weights."""
     return is_fsdp2(trainer) and "SHARDED_STATE_DICT" in str(trainer.accelerator.state.fsdp_plugin.state_dict_type)
+
+
+@contextlib.contextmanager
+def device_state_dicts(trainer):
+    """Inside: accelerate's sharded FSDP2 state dicts stay on the device (`offload_to_cpu` off), for a save whose
+    own stager copies them to the host. Nothing changes for any other kind of run."""
+    config = trainer.accelerator.state.fsdp_plugin.state_dict_config if sharded_saves(trainer) else None
+    offload = getattr(config, "offload_to_cpu", False)
+    if offload:
+        config.offload_to_cpu = False
+    try:
+        yield
+    finally:
+        if offload:
+            config.offload_to_cpu = True
 
 
 def save_config(trainer, output_dir: str) -> None:

@@ -47,6 +47,23 @@ def parameters_digest(trainer) -> str:
     return digest.hexdigest()
 
 
+def record_state_dict_offload() -> list[bool]:
+    """The `cpu_offload` of every FSDP2 state dict options accelerate builds for a save (appended as they come)."""
+    import accelerate.utils.fsdp_utils as fsdp_utils
+
+    seen: list[bool] = []
+    build = fsdp_utils._prepare_sd_options
+
+    def recorded(plugin):
+        options = build(plugin)
+        if options is not None:
+            seen.append(options.cpu_offload)
+        return options
+
+    fsdp_utils._prepare_sd_options = recorded
+    return seen
+
+
 def main(
     output_dir: str,
     per_device: int,
@@ -77,8 +94,13 @@ def main(
     dataset = Dataset.from_dict({"input_ids": data.tolist(), "labels": data.tolist()})
     trainer = PretrainTrainer(model=model, args=args, train_dataset=dataset)
     trainer.add_callback(losses)
+    offloads = record_state_dict_offload()
     trainer.train(resume_from_checkpoint=True if resume else None)
     record = {"losses": losses.losses, "world_size": args.world_size, "digest": parameters_digest(trainer)}
+    if trainer.checkpointing.background is not None:  # the last save's host copy, and the guard's estimate of it
+        saves = trainer.checkpointing
+        record["staged"] = [saves.background.staged_total, saves.staged_estimate]
+    record["state_dict_offload"] = offloads  # accelerate's cpu_offload of each sharded state dict the saves took
     record["optimizer"] = type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__
     record["gradient_checkpointing"] = trainer.model.is_gradient_checkpointing
     probe = data[:2]

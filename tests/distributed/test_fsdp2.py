@@ -75,6 +75,17 @@ def test_fsdp2_saves_full_weights_that_export_hf_and_plain_transformers_read(str
         assert (plain(input_ids=PROBE).logits - logits).abs().max().item() <= 1e-5
 
 
+def test_fsdp2_asynchronous_saves_take_the_state_on_the_device_and_copy_what_was_estimated(straight):
+    """accelerate's sharded state dicts come with cpu_offload (a blocking, unpinned device-to-host copy on the
+    training thread, then the stager's own copy: twice the host memory); an asynchronous save takes them on the
+    device so DCP's stager makes the only copy (on a CPU the offload is the identity: the options passed are
+    what is tested). The host-memory guard's estimate is each rank's shards of the weights and AdamW states."""
+    for record in ranks(straight):
+        assert record["state_dict_offload"] == [False, False, False, False], record["state_dict_offload"]  # 2 saves
+        staged, estimate = record["staged"]
+        assert staged > 0 and staged - 64 * 1024 <= estimate <= staged, (staged, estimate)
+
+
 def test_fsdp2_checkpoints_are_sharded_checked_and_resume_exactly(straight, tmp_path):
     for step in (3, 6):
         checkpoint = straight / f"checkpoint-{step}"

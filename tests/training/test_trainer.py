@@ -191,11 +191,36 @@ def deepspeed_one_process(tmp_path, steps: int, *extra: str) -> str:
     return result.stdout
 
 
+def staged_figures(printed: str) -> tuple[int, int]:
+    """(bytes the last save copied into host memory, the estimate the host-memory guard judged)."""
+    line = next(line for line in printed.splitlines() if line.startswith("staged "))
+    _, staged, _, estimate = line.split()
+    return int(staged), int(estimate)
+
+
+def assert_estimate_holds_the_copy(staged: int, estimate: int) -> None:
+    """The guard's estimate is what the save copies, less the small objects (scheduler, RNG: a few KiB)."""
+    assert staged > 0 and staged - 64 * 1024 <= estimate <= staged, (staged, estimate)
+
+
 def test_one_deepspeed_process_without_a_launcher_trains(tmp_path):
     from hf_pretrain.training.resume.check import check_checkpoint
 
-    assert deepspeed_one_process(tmp_path, 3).count("{'loss'") == 3
+    printed = deepspeed_one_process(tmp_path, 3)
+    assert printed.count("{'loss'") == 3
     assert check_checkpoint(tmp_path / "checkpoint-3", deepspeed=True).ok  # DeepSpeed's own state, checked as such
+    # ZeRO-2: the model file, the module's weights again in DeepSpeed's model states, the fp32 master partition and
+    # AdamW's two states (the estimate counted the weights and states only: 0.60x of the copy)
+    assert_estimate_holds_the_copy(*staged_figures(printed))
+
+
+@pytest.mark.slow
+def test_a_zero3_saves_host_copy_is_what_the_memory_guard_estimated(tmp_path):
+    """ZeRO-3: the 16-bit weights gathered onto rank 0 for the model file, the fp32 master partitions and the
+    optimizer states (the estimate left out the master partitions: 0.75x of the copy, so the guard could admit an
+    asynchronous save that ran the host out of memory)."""
+    printed = deepspeed_one_process(tmp_path, 2, "--config", "ds_configs/zero3.json")
+    assert_estimate_holds_the_copy(*staged_figures(printed))
 
 
 @pytest.mark.exhaustive

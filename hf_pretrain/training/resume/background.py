@@ -39,6 +39,7 @@ import concurrent.futures
 import contextlib
 import datetime
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -95,6 +96,7 @@ class BackgroundSaves:
         self.job: Job | None = None
         self.error: BaseException | None = None
         self.staging_waits: list[float] = []  # seconds an optimizer step waited for a save's copy (when it did)
+        self.staged_total = 0  # bytes the last save copied into host memory (`staged_bytes` is the estimate)
         self._stager: DefaultStager | None = None  # copies at once, on the training thread
         self._stager_beside: DefaultStager | None = None  # copies on its thread, beside the next step
         self._copies: list[concurrent.futures.Future] = []  # this save's copies still running beside the step
@@ -111,6 +113,7 @@ class BackgroundSaves:
         """A copy of `obj` in host memory, or a future of one when every tensor in it lives in `stepped` (storages
         only an optimizer step changes): that copy runs beside the next step, whose update waits for it."""
         cuda = torch.cuda.is_available()
+        self.staged_total += tensor_bytes(obj)
         if stepped is None or not only_stepped(obj, stepped):
             if self._stager is None:
                 self._stager = DefaultStager(staging_options(beside=False))
@@ -150,6 +153,7 @@ class BackgroundSaves:
         `stepped`: the storages only an optimizer step changes (`stepped_storages`), whose copy may run beside the
         next step; None: every copy made at once."""
         writes: list[Write] = []
+        self.staged_total = 0
         torch_save, save_file, dcp_save = torch.save, safetensors.torch.save_file, dcp.save
 
         def deferred_torch_save(obj, f, *args, **kwargs):
@@ -220,6 +224,16 @@ class BackgroundSaves:
                 self.raise_if_failed()
             raise
         return bool(flag.item())
+
+    def on_this_host(self, value: int) -> tuple[int, int]:
+        """`value` summed over the ranks on this host, and how many they are (every rank calls it, once)."""
+        group = self.group()
+        if group is None:
+            return value, 1
+        rows: list = [None] * self.world_size
+        dist.all_gather_object(rows, (socket.gethostname(), value), group=group)
+        here = [v for host, v in rows if host == socket.gethostname()]
+        return sum(here), len(here)
 
     def agree(self, usable: bool) -> bool:
         """Whether every rank can save in the background (called once, by every rank, at the first save)."""
@@ -304,19 +318,56 @@ class BackgroundSaves:
         self._stager = self._stager_beside = None
 
 
-def staged_bytes(model, optimizer, writes_model: bool) -> int:
-    """The bytes a save stages on this rank: the local part of the weights and optimizer states it writes."""
-    if not writes_model:
-        return 0
+def staged_bytes(
+    model, optimizer, *, writes_model: bool, holds_optimizer: bool, sharded: bool, module_again: bool, gathered: bool
+) -> int:
+    """The bytes one save copies into host memory on this rank, counted from what the save writes (tested against
+    what `stage` copied, per backend):
+    - the model file, on the rank that writes it (`writes_model`): the whole model in its dtype (ZeRO-3: the 16-bit
+      weights gathered onto rank 0); under FSDP's sharded state (`sharded`) every rank's own shards instead;
+    - DeepSpeed ZeRO-1/2's model states file (`module_again`, rank 0): the module's weights once more;
+    - the optimizer, on every rank that writes some of it (`holds_optimizer`): its states, and its parameters where
+      they are not the model's (DeepSpeed's fp32 master partitions); whole tensors where rank 0 gathers them
+      (`gathered`: FSDP with full state dicts), else this rank's shards."""
 
     def local(tensor) -> int:
         tensor = getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard
         return tensor.numel() * tensor.element_size()
 
-    total = sum(local(getattr(p, "ds_tensor", p)) for p in model.parameters())  # ZeRO-3: the partition
-    for state in getattr(optimizer, "state", {}).values():
-        total += sum(local(v) for v in state.values() if isinstance(v, torch.Tensor))
+    def whole(p) -> int:  # ZeRO-3 keeps a partition in ds_tensor; numel() of a DTensor is the whole tensor's
+        return getattr(p, "ds_numel", p.numel()) * p.element_size()
+
+    params = list(model.parameters())
+    total = 0
+    if sharded:
+        total += sum(local(p) for p in params)
+    elif writes_model:
+        total += sum(whole(p) for p in params) * (2 if module_again else 1)
+    if holds_optimizer:
+        inner = base_optimizer(optimizer)
+        mine = {storage_of(p) for p in params}
+        states = getattr(inner, "state", {})
+        # the parameters it steps: its groups' and its states' keys (ZeRO-3 empties the groups it swaps in and out)
+        masters = {id(p): p for p in [*(p for g in getattr(inner, "param_groups", ()) for p in g["params"]), *states]}
+        masters = [p for p in masters.values() if isinstance(p, torch.Tensor)]
+        size = whole if gathered else local
+        total += sum(size(p) for p in masters if storage_of(p) not in mine)
+        for state in states.values():
+            total += sum(size(v) for v in state.values() if isinstance(v, torch.Tensor))
     return total
+
+
+def base_optimizer(optimizer):
+    """The torch optimizer that holds the states: under accelerate's wrapper, and under DeepSpeed's ZeRO optimizer."""
+    while hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def tensor_bytes(obj) -> int:
+    """The bytes of the tensors in `obj` that this rank holds (a DTensor: its shard)."""
+    leaves = (getattr(leaf, "_local_tensor", leaf) for leaf in tree_leaves(obj) if isinstance(leaf, torch.Tensor))
+    return sum(leaf.numel() * leaf.element_size() for leaf in leaves)
 
 
 def staging_options(beside: bool) -> StagingOptions:

@@ -25,6 +25,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import rotate_checkpoints
 from transformers.utils import logging
 
+from ..fsdp import device_state_dicts, sharded_saves
 from ..loss_guard import LossSpikeError
 from ..processes import wait_for_everyone
 from ..transformers_private import rotation_deferred
@@ -93,6 +94,7 @@ class Checkpointing:
         self.staging: str | None = None  # where the Trainer's save writes while a save is staged
         self.background: BackgroundSaves | None = None  # async_checkpoint, once the first save found it usable
         self._sync_reason: str | None = None  # why saves are synchronous although async_checkpoint asks otherwise
+        self.staged_estimate = 0  # the bytes a save copies into host memory on this rank (`staged_bytes`)
         self._polled_step: int | None = None  # the optimizer step whose first micro-batch polled the save in flight
 
     def clear_interrupted(self) -> None:
@@ -180,6 +182,7 @@ class Checkpointing:
         try:
             with (
                 rotation_deferred(),
+                device_state_dicts(trainer) if background else contextlib.nullcontext(),  # fsdp.py: one copy only
                 background.deferred_writes(self._stepped()) if background else contextlib.nullcontext() as writes,
             ):
                 save_checkpoint()
@@ -221,17 +224,17 @@ class Checkpointing:
         if not getattr(args, "async_checkpoint", ASYNC_CHECKPOINT_DEFAULT):
             self._sync_reason = "async_checkpoint=False"
             return None
-        reason = self._why_synchronous()
         background = BackgroundSaves(
             args.process_index,
             args.world_size,
             args.ddp_timeout,
             waiting=lambda: trainer.recovery.phase("checkpoint", count=False),  # the next step's wait for the copy
         )
+        reason = self._why_synchronous(background)
         if background.agree(reason is None):
             self.background = background
             return background
-        self._sync_reason = reason or "another rank's host memory cannot hold its copy of the state"
+        self._sync_reason = reason or "another host's memory cannot hold its ranks' copies of the state"
         if trainer.is_world_process_zero() or reason:
             logger.warning(f"Checkpoints are saved synchronously (async_checkpoint is on): {self._sync_reason}.")
         return None
@@ -241,24 +244,38 @@ class Checkpointing:
         trainer = self.trainer
         return None if trainer.is_deepspeed_enabled else stepped_storages(trainer.model, trainer.optimizer)
 
-    def _why_synchronous(self) -> str | None:
-        trainer, args = self.trainer, self.trainer.args
+    def _why_synchronous(self, background: BackgroundSaves) -> str | None:
+        """Why this rank's saves cannot be asynchronous; every rank calls it (the host's total is gathered)."""
+        args = self.trainer.args
+        self.staged_estimate = self._staged_estimate()
+        host_total, ranks = background.on_this_host(self.staged_estimate)  # a collective: before any return
         if args.push_to_hub:
             return "push_to_hub uploads a checkpoint's files as it is saved"
         if args.load_best_model_at_end:
             return "load_best_model_at_end reads the best checkpoint as soon as it is saved"
-        staged = staged_bytes(
-            trainer.model,
-            trainer.optimizer,
-            args.should_save or trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled,
-        )
-        share = HOST_MEMORY_SHARE * psutil.virtual_memory().available / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        if staged > share:
+        available = psutil.virtual_memory().available
+        if host_total > HOST_MEMORY_SHARE * available:
             return (
-                f"rank {args.process_index} would copy {staged / 2**30:.1f} GiB of state into host memory, more than "
-                f"{HOST_MEMORY_SHARE:.0%} of its share of the memory available ({share / HOST_MEMORY_SHARE / 2**30:.1f} GiB)"
+                f"the {ranks} rank(s) on this host would copy {host_total / 2**30:.1f} GiB of state into host memory "
+                f"(rank {args.process_index}: {self.staged_estimate / 2**30:.1f} GiB), more than {HOST_MEMORY_SHARE:.0%} "
+                f"of the memory available ({available / 2**30:.1f} GiB)"
             )
         return None
+
+    def _staged_estimate(self) -> int:
+        """The bytes a save of this rank copies into host memory (`staged_bytes`), from the backend's layout."""
+        trainer, args = self.trainer, self.trainer.args
+        stage = trainer.accelerator.state.deepspeed_plugin.zero_stage if trainer.is_deepspeed_enabled else None
+        sharded = sharded_saves(trainer)
+        return staged_bytes(
+            trainer.model,
+            trainer.optimizer,
+            writes_model=args.should_save,
+            holds_optimizer=args.should_save or sharded or trainer.is_deepspeed_enabled,
+            sharded=sharded,
+            module_again=args.should_save and stage in (0, 1, 2),
+            gathered=trainer.is_fsdp_enabled and not sharded,
+        )
 
     def raise_if_failed(self) -> None:
         """A background write that failed is raised here, on every rank by the same training step (`settled`: within
