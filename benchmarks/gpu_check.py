@@ -8,8 +8,10 @@ Each check has a goal and ends `pass`, `fail`, `ran` (a dry run, or a device tha
 goal: the figure is printed, not judged), `skipped: <why>` (a package or a capability is missing:
 "skipped: torchao not installed"), or `error: <what>` (with the traceback's end in the JSON). The
 last line says what could not run and why. A check that reads back what a run measured fails when a
-figure it should have is missing, on a dry run too. gpu_check.json is rewritten after every check
-(`"complete": false` until the last one), so a run killed by a timeout keeps the rows it finished.
+figure it should have is missing, on a dry run too. Each check runs in a process of its own under a timeout
+(benchmarks/gpu/isolate.py): one that raises, dies (a sticky CUDA error, an abort) or hangs is an `error` row, its
+processes are killed, and the next check runs in a fresh process. gpu_check.json is rewritten after every check
+(`"complete": false` until the last one), so a run killed by an outer timeout keeps the rows it finished.
 
 | check | what runs | goal (on a GPU) |
 |---|---|---|
@@ -22,7 +24,7 @@ figure it should have is missing, on a dry run too. gpu_check.json is rewritten 
 | `step_time_events` | `ThroughputCallback`'s `step_time_s` (CUDA events) around bf16 steps vs the synchronised wall time and the host's enqueue time | events within 5 % of the synchronised wall time |
 | `straggler_2proc` | `PretrainTrainer`, 2 processes on the one GPU (DDP over gloo), rank 1 slowed inside its linears (`torch.cuda._sleep`, benchmarks/gpu/faults.py) | the DDP rule and the linears' rule both name rank 1 |
 | `telemetry_overhead` | `gpt2-124m` bf16 steps with every callback on vs extras off, alternated (benchmarks/telemetry_overhead.py) | ratio <= 1.01 |
-| `async_staging` | an asynchronous save's copy of `gpt2-124m`'s fp32 weights and AdamW states beside the next step (`BackgroundSaves`: pinned copy on its own stream, the update held for it) against `torch.save` of the same | the files equal the state of their own step; stall async / sync <= 0.1 |
+| `async_staging` | `gpt2-124m`'s fp32 weights and AdamW states saved asynchronously (`BackgroundSaves`): first with the step's update still queued behind a device sleep (the copy stream must wait on the step's event), then a second save timed synchronised against the same step without one, and a synchronous `torch.save` | the files equal the state of their own step; stall of the second save / synchronous save <= 0.1 |
 
 One module per check in benchmarks/gpu/. Packages: `mfu_bf16`, `straggler_2proc`,
 `telemetry_overhead` and `async_staging` need `datasets` (`PretrainTrainer` imports the data chain), `fp8_vs_bf16` needs
@@ -50,32 +52,38 @@ if str(ROOT) not in sys.path:  # the checkout travels without being installed; b
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu.common import DRY, Context, Sizes, Skip, free_memory, transformers_note  # noqa: E402
+from benchmarks.gpu.isolate import run_isolated  # noqa: E402
 
-CHECKS = (
-    "env",
-    "device_clock",
-    "mfu_bf16",
-    "fp8_vs_bf16",
-    "flex_vs_sdpa",
-    "packed_equality",
-    "memory_estimate",
-    "step_time_events",
-    "straggler_2proc",
-    "telemetry_overhead",
-    "async_staging",
-)
+# The order a 15-minute try runs them in: what settles the most first (the clock every figure rests on, the
+# asynchronous save no GPU has measured yet, MFU, the precision claim), the slow or repeat measurements last.
+# The seconds: each check's timeout on a GPU (a dry run allows 3x, its CPU is slower).
+CHECKS = {
+    "env": 60,
+    "device_clock": 60,
+    "async_staging": 120,
+    "step_time_events": 90,
+    "mfu_bf16": 240,
+    "fp8_vs_bf16": 150,
+    "memory_estimate": 90,
+    "packed_equality": 60,
+    "flex_vs_sdpa": 90,
+    "straggler_2proc": 150,
+    "telemetry_overhead": 150,
+}
 
 
 def check(name: str):
     return importlib.import_module(f"benchmarks.gpu.{name}")
 
 
-def run_check(name: str, ctx: Context) -> dict:
+def run_check(name: str, ctx: Context, before=lambda: None) -> dict:
+    """One check in this process (`isolate.py` runs it in a child of its own); `before` runs inside its `try`."""
     start = time.perf_counter()
     goal = "-"
     try:
         module = check(name)
         goal = module.GOAL
+        before()
         row = module.run(ctx)
         status = {True: "pass", False: "fail", None: "ran"}[row["pass"]] if name != "env" else "-"
     except Skip as skip:
@@ -126,6 +134,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--out", default="gpu_check.json", help="where the JSON goes (default ./gpu_check.json)")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
     parser.add_argument("--worker", choices=["straggler"], help=argparse.SUPPRESS)
+    parser.add_argument("--row-timeout", type=float, default=None, help="seconds per check (default: CHECKS' own)")
     a = parser.parse_args(argv)
     sizes = DRY if a.dry_run else Sizes()
     if a.worker:
@@ -137,12 +146,14 @@ def main(argv=None) -> list[dict]:
     unknown = [n for n in names if n not in CHECKS]
     if unknown:
         parser.error(f"--only names unknown checks {unknown}; use any of {list(CHECKS)}")
-    device = torch.device("cpu" if a.dry_run else "cuda")
+    device = "cpu" if a.dry_run else "cuda"
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = Context(device, sizes, a.dry_run, Path(a.workdir or tmp))
+        workdir = Path(a.workdir or tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
         rows = []
         for name in names:
-            rows.append(run_check(name, ctx))
+            timeout = a.row_timeout or CHECKS[name] * (3 if a.dry_run else 1)
+            rows.append(run_isolated(name, device, a.dry_run, workdir, timeout))
             write_report(Path(a.out), a.dry_run, rows, complete=len(rows) == len(names))
             print(f"[{rows[-1]['seconds']:6.1f} s] {name}: {rows[-1]['status']} {rows[-1]['result']}", flush=True)
     print()

@@ -86,6 +86,7 @@ def test_dry_run_runs_every_check_and_reads_back_every_figure_on_a_cpu(tmp_path)
     # too), and the check can fail: the state after that step differs
     staging = rows["async_staging"]["details"]
     assert staging["equal"] and staging["moved"] and staging["beside"] == 2 and rows["async_staging"]["pass"] is None
+    assert staging["alone_s"] > 0 and staging["with_save_s"] > 0 and staging["sync_s"] > 0  # a second save, timed
     # the GPU goals are printed, not judged, on a dry run
     judged = ("mfu_bf16", "fp8_vs_bf16", "memory_estimate", "step_time_events", "telemetry_overhead")
     assert all(rows[n]["pass"] is None for n in judged)
@@ -108,17 +109,51 @@ def test_a_killed_run_keeps_the_rows_it_finished(tmp_path, monkeypatch):
     the first two in it, marked incomplete."""
     gpu_check = load_gpu_check()
 
-    def run_check(name, ctx):
+    def run_isolated(name, device, dry_run, workdir, timeout_s):
         if name == "flex_vs_sdpa":
             raise KeyboardInterrupt  # killed mid-check
         return {"check": name, "goal": "-", "result": "r", "value": None, "pass": None, "status": "ran", "seconds": 0}
 
-    monkeypatch.setattr(gpu_check, "run_check", run_check)
+    monkeypatch.setattr(gpu_check, "run_isolated", run_isolated)
     out = tmp_path / "gpu_check.json"
     with pytest.raises(KeyboardInterrupt):
         gpu_check.main(["--dry-run", "--only", "mfu_bf16,flex_vs_sdpa", "--out", str(out)])
     report = json.loads(out.read_text())
     assert [row["check"] for row in report["checks"]] == ["env", "mfu_bf16"] and report["complete"] is False
+
+
+def test_a_check_that_raises_dies_or_hangs_leaves_every_other_rows_figure(tmp_path):
+    """Each check runs in a process of its own under a timeout: a check that raises, one that aborts (as a sticky
+    CUDA error ends a process) and one that hangs are error rows, the hung one's process is killed, and the check
+    after them measures its figure in a fresh process."""
+    import psutil
+
+    faults = "async_staging=hang,step_time_events=crash,memory_estimate=raise"
+    before = {p.pid for p in psutil.process_iter()}
+    only = "async_staging,step_time_events,memory_estimate,packed_equality"
+    proc = run(
+        ["--dry-run", "--only", only, "--row-timeout", "45", "--out", str(tmp_path / "gpu_check.json")],
+        cwd=tmp_path,
+        env={"GPU_CHECK_FAULTS": faults},
+    )
+    rows = {row["check"]: row for row in json.loads((tmp_path / "gpu_check.json").read_text())["checks"]}
+    assert rows["async_staging"]["status"].startswith("error: timeout after 45 s"), rows["async_staging"]
+    assert rows["step_time_events"]["status"] == "error: process died with signal SIGABRT"
+    assert (
+        rows["memory_estimate"]["status"]
+        == "error: RuntimeError: injected by GPU_CHECK_FAULTS"
+        + (rows["memory_estimate"]["status"].split("GPU_CHECK_FAULTS", 1)[1])
+    )
+    packed = rows["packed_equality"]  # after all three, in a fresh process: its figure is there
+    assert (
+        packed["status"] == "ran"
+        and packed["details"]["sdpa"]["max_abs_diff"] <= packed["details"]["sdpa"]["tolerance"]
+    )
+    assert "could not run: async_staging (timeout after 45 s" in proc.stdout
+    left = [
+        p for p in psutil.process_iter(["cmdline"]) if p.pid not in before and "gpu_check" in str(p.info["cmdline"])
+    ]
+    assert not left, left  # the hung check's process is gone
 
 
 def test_the_env_row_names_each_failing_import_and_goes_on(tmp_path, monkeypatch):

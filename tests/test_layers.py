@@ -22,7 +22,7 @@ FLOORS = (
     ("cli",),
 )
 FLOOR = {part: level for level, parts in enumerate(FLOORS) for part in parts}
-PRIVATE_HOME = PACKAGE / "training" / "transformers_private.py"
+PRIVATE_HOME = PACKAGE / "training" / "private.py"
 PATCHERS = ("setattr", "delattr", "patched")
 
 
@@ -133,7 +133,7 @@ def test_no_import_cycles():
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]  # the check can fail
 
 
-# transformers' private surface: one module (training/transformers_private.py) overrides private Trainer
+# transformers' private surface: one module (training/private.py) overrides private Trainer
 # methods, touches its private attributes and patches transformers.trainer's globals.
 def trainer_private_names() -> set[str]:
     """`Trainer`'s private methods and attributes, read off transformers' source (importing it takes seconds)."""
@@ -204,14 +204,14 @@ def private_surface_uses(source: str, private: set[str]) -> list[str]:
     return uses
 
 
-def test_transformers_private_surface_has_one_home():
+def test_private_surface_has_one_home():
     private = trainer_private_names()
     found = {}
     for folder in ("hf_pretrain", "examples", "benchmarks"):
         for path in (ROOT / folder).rglob("*.py"):
             if path != PRIVATE_HOME and (uses := private_surface_uses(path.read_text(), private)):
                 found[str(path.relative_to(ROOT))] = uses
-    assert found == {}, "move it into training/transformers_private.py"
+    assert found == {}, "move it into training/private.py"
 
 
 def test_the_private_surface_check_can_fail():

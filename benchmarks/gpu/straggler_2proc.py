@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -56,6 +57,7 @@ def run(ctx: Context) -> dict:
 
 
 def launch(out: Path, cuda: bool, dry_run: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -81,10 +83,19 @@ def launch(out: Path, cuda: bool, dry_run: bool) -> None:
             str(out),
         ]
         cmd += ["--dry-run"] if dry_run else []
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
+        log = (out / f"rank{rank}.log").open("w")  # a file each: neither rank blocks on a full pipe
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + 300
+    try:
+        for p in procs:  # one deadline for both ranks, not 300 s each
+            p.wait(timeout=max(deadline - time.monotonic(), 1))
+    finally:
+        for p in procs:  # a rank still alive (the other failed, or the deadline passed) goes
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     if any(p.returncode for p in procs):
-        tail = outputs[0][-1500:] + outputs[1][-1500:]
+        tail = "".join((out / f"rank{rank}.log").read_text()[-1500:] for rank in (0, 1))
         raise RuntimeError(f"a rank failed ({[p.returncode for p in procs]}): {tail}")
 
 

@@ -37,10 +37,9 @@ from __future__ import annotations
 import contextlib
 import os
 
-from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType
 
-from .transformers_private import save_weights
+from .private import accelerate_states, save_weights
 
 
 def fsdp_requested(args) -> bool:
@@ -63,7 +62,7 @@ def fsdp_on_cpu(args):
     Afterwards the process-wide state says FSDP: every later `AcceleratorState()` (accelerate builds one in
     each `AcceleratedOptimizer`) copies the type from it, and would otherwise put `MULTI_CPU` back, turning
     off accelerate's FSDP paths (state-dict gathering, gradient clipping) mid-run."""
-    state = PartialState._shared_state
+    state, accelerator_state = accelerate_states()
     flip = fsdp_requested(args) and state.get("distributed_type") == DistributedType.MULTI_CPU
     if flip and fsdp_version(args) != 2:
         raise ValueError(
@@ -76,7 +75,7 @@ def fsdp_on_cpu(args):
         yield
     finally:
         if flip:
-            built = AcceleratorState._shared_state.get("distributed_type")
+            built = accelerator_state.get("distributed_type")
             state["distributed_type"] = built if built == DistributedType.FSDP else DistributedType.MULTI_CPU
 
 

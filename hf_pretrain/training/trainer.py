@@ -22,7 +22,7 @@ differences). It adds, each in its own room:
   needs no launcher, the process group is left before exit, risky DataLoader workers of a rank are warned of;
 - causal-LM metrics in `evaluate()` (`eval_metrics.py`).
 This file only wires those rooms to the Trainer's public methods. Every override of a private `Trainer` method
-and every patch of a `transformers.trainer` global is in `transformers_private.py`, the base class.
+and every patch of a `transformers.trainer` global is in `private.py`, the base class.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from .eval_metrics import is_causal_lm, lm_eval_metrics
 from .fsdp import fsdp_on_cpu, save_config, save_full_weights, sharded_saves
 from .loss_guard import LossGuardCallback, guard_optimizer
 from .optimizers import build_optimizer, check_optimizer_supported
+from .private import TrainerPrivateOverrides, scheduler_created
 from .processes import (
     check_launched_world_size,
     leave_process_group,
@@ -54,7 +55,6 @@ from .resume.data_position import DataPosition
 from .resume.store import read_run_state, save_into_place
 from .schedules import build_schedule
 from .tokens import TokenCounter
-from .transformers_private import TrainerPrivateOverrides, scheduler_created
 from .wiring import (
     attention_preflight_for,
     callbacks_from_arguments,

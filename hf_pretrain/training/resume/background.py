@@ -12,8 +12,9 @@ change only in `optimizer.step()`, so they are copied on the stager's thread whi
 backward run, and a pre-step hook on every torch optimizer (`register_optimizer_step_pre_hook`, removed once it
 fired) holds the next update until the copy is done; that wait is timed as checkpoint stall (goodput, and the
 watchdog's save floor). Any other object (the scheduler, RNG states, a buffer, a tensor made for the save, anything
-DeepSpeed writes) is copied at once. On CUDA the host first waits for the queued step, so the copy reads the state
-that step made. The trade: the loop's stall shrinks to what the forward and backward do not cover, but the copy
+DeepSpeed writes) is copied at once. On CUDA the stager's copy stream waits on an event recorded on the training
+stream after the step (the host does not drain the device), so the copy reads the state that step made however far
+the host ran ahead. The trade: the loop's stall shrinks to what the forward and backward do not cover, but the copy
 shares the host (on a CPU run: its cores) with that step. When every rank's writes are done (the outcome
 gathered on a gloo group of the checkpointer's own, so no training collective ever shares a group with another
 thread), rank 0 flushes the folder and renames it into place, then rotates the old checkpoints (`store.py`).
@@ -54,7 +55,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 from transformers.utils import logging
 
-from ..transformers_private import patched, weight_files_patched
+from ..private import patched, staging_stream, weight_files_patched
 
 logger = logging.get_logger(__name__)
 
@@ -120,8 +121,8 @@ class BackgroundSaves:
             return self._stager.stage(obj)
         if self._stager_beside is None:
             self._stager_beside = DefaultStager(staging_options(beside=True))
-        if cuda and not self._copies:
-            torch.cuda.current_stream().synchronize()  # the step that made this state has run on the device
+        if cuda and not self._copies:  # the copy stream waits for the step that made this state; the host does not
+            staging_stream(self._stager_beside).wait_event(torch.cuda.current_stream().record_event())
         copy = self._stager_beside.stage(obj)
         self._copies.append(copy)
         if self._before_step is None:

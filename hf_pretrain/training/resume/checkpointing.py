@@ -27,8 +27,8 @@ from transformers.utils import logging
 
 from ..fsdp import device_state_dicts, sharded_saves
 from ..loss_guard import LossSpikeError
+from ..private import rotation_deferred
 from ..processes import wait_for_everyone
-from ..transformers_private import rotation_deferred
 from .background import (
     ASYNC_CHECKPOINT_DEFAULT,
     HOST_MEMORY_SHARE,

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import RandomSampler
 from transformers.utils import logging
 
-from ..transformers_private import batch_skipping_off
+from ..private import batch_skipping_off
 from .sampler import ResumableSampler
 from .stream_position import EpochAligned, StreamPositions
 

@@ -1,5 +1,8 @@
-"""transformers' private surface, in one module: every private `Trainer` method hf_pretrain overrides or calls,
-and every `transformers.trainer` (or `transformers.modeling_utils`) module global it patches.
+"""The private surfaces of other libraries, in one module: every private `Trainer` method hf_pretrain overrides or
+calls, every `transformers.trainer` (or `transformers.modeling_utils`) module global it patches, and the two
+touches of other libraries' privates: accelerate's process-wide state (`accelerate_states`, for FSDP2 on CPU
+ranks, fsdp.py) and the copy stream of DCP's `DefaultStager` (`staging_stream`, which an asynchronous save makes
+wait on the step's event instead of draining the device, resume/background.py).
 
 `PretrainTrainer` derives from `TrainerPrivateOverrides`: each override hands the call to its room (tokens, loss
 guard, data position, checkpointing, precision, compile). A module global is replaced only for the duration of
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 
 import transformers
 import transformers.modeling_utils as hf_modeling
@@ -21,7 +25,7 @@ from transformers import Trainer
 from ..precision import high_precision
 from .compile import accelerator_args_for
 
-SUPPORTED_TRANSFORMERS = ">=5.24,<6"  # setup.cfg's requirement (tests/training/test_transformers_private.py)
+SUPPORTED_TRANSFORMERS = ">=5.24,<6"  # setup.cfg's requirement (tests/training/test_private.py)
 
 # "Trainer.<method>": overridden below or called on a trainer; "Trainer.<method>.<attribute>": an attribute that
 # method sets and hf_pretrain sets too; "transformers.trainer.<global>", "transformers.modeling_utils.<global>":
@@ -42,6 +46,23 @@ PRIVATE_SURFACE = (
     "transformers.trainer.skip_first_batches",
     "transformers.modeling_utils.safe_save_file",
 )
+# accelerate's and DCP's private names (read from accelerate 1.16 and torch 2.13), checked at import as well
+OTHER_PRIVATE_SURFACE = (
+    ("accelerate.state", "PartialState", "_shared_state"),
+    ("accelerate.state", "AcceleratorState", "_shared_state"),
+)
+
+
+def accelerate_states() -> tuple[dict, dict]:
+    """accelerate's process-wide state of `PartialState` and `AcceleratorState` (the dicts every instance shares)."""
+    from accelerate.state import AcceleratorState, PartialState
+
+    return PartialState._shared_state, AcceleratorState._shared_state
+
+
+def staging_stream(stager):
+    """The stream DCP's `DefaultStager` enqueues its copies on (None without an accelerator or async staging)."""
+    return getattr(stager, "_staging_stream", None)
 
 
 def _present(name: str) -> bool:
@@ -64,11 +85,26 @@ def check_private_surface(surface: tuple[str, ...] = PRIVATE_SURFACE) -> None:
             f"hf_pretrain supports transformers{SUPPORTED_TRANSFORMERS} and relies on private names the installed "
             f"transformers {transformers.__version__} lacks: {', '.join(missing)}. Fix: pip install "
             f"'transformers{SUPPORTED_TRANSFORMERS}' (a version in that range without them needs "
-            "hf_pretrain/training/transformers_private.py updated)."
+            "hf_pretrain/training/private.py updated)."
+        )
+
+
+def check_other_private_surface() -> None:
+    """Fail with one line when the installed accelerate lacks a private name hf_pretrain relies on."""
+    missing = [
+        f"{module}.{owner}.{name}"
+        for module, owner, name in OTHER_PRIVATE_SURFACE
+        if not hasattr(getattr(importlib.import_module(module), owner, None), name)
+    ]
+    if missing:
+        raise ImportError(
+            f"hf_pretrain relies on private names the installed accelerate lacks: {', '.join(missing)}. Fix: install "
+            "the accelerate of setup.cfg's range (a version without them needs hf_pretrain/training/private.py updated)."
         )
 
 
 check_private_surface()
+check_other_private_surface()
 
 
 @contextlib.contextmanager

@@ -9,8 +9,8 @@ import transformers.modeling_utils as hf_modeling
 import transformers.trainer as hf_trainer
 from transformers import Trainer
 
-from hf_pretrain.training import transformers_private
-from hf_pretrain.training.transformers_private import (
+from hf_pretrain.training import private
+from hf_pretrain.training.private import (
     PRIVATE_SURFACE,
     SUPPORTED_TRANSFORMERS,
     TrainerPrivateOverrides,
@@ -70,6 +70,6 @@ def test_patched_restores_the_global_even_on_error():
         raise RuntimeError
     assert hf_trainer.rotate_checkpoints is original
     skip = hf_trainer.skip_first_batches
-    with transformers_private.batch_skipping_off():
+    with private.batch_skipping_off():
         assert hf_trainer.skip_first_batches([1, 2], 1) == [1, 2]
     assert hf_trainer.skip_first_batches is skip
