@@ -167,8 +167,13 @@ def prepare(argv: list[str]) -> list[BlockStats]:
     from .pipeline import run_pipeline
     from .pipeline_config import PipelineConfig
 
+    if args.tasks is not None and args.tasks < 1:
+        raise ValueError(f"--tasks {args.tasks} is invalid: use a number of shards >= 1 (e.g. --tasks 8).")
+    if args.workers is not None and args.workers < 1 and args.workers != -1:
+        raise ValueError(f"--workers {args.workers} is invalid: use a number of tasks at once >= 1, or -1 for all.")
     config = PipelineConfig.from_file(args.config)
-    flags = {k: v for k, v in (("kind", args.executor), ("tasks", args.tasks), ("workers", args.workers)) if v}
+    given = (("kind", args.executor), ("tasks", args.tasks), ("workers", args.workers))
+    flags = {k: v for k, v in given if v is not None}
     if flags:
         if config.executor is None and "kind" not in flags:
             raise ValueError("--tasks / --workers need --executor local|slurm|ray (or an executor section).")

@@ -56,7 +56,9 @@ DOC_IDS = "doc_ids"  # per block: the doc_id of each document with tokens in it,
 
 
 def check_seq_len(seq_len: int) -> None:
-    if not isinstance(seq_len, int) or seq_len < 8:
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool):
+        raise ValueError(f"seq_len={seq_len!r} is not a whole number: use an integer >= 8 (4096 is typical).")
+    if seq_len < 8:
         raise ValueError(f"seq_len={seq_len} is too small; use at least 8 (4096 is typical).")
 
 

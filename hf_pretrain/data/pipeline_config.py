@@ -5,6 +5,11 @@ One field per global setting and one section per step (`clean`, `perplexity`, `d
 section is checked against the keyword arguments of the block it configures (`settable_keys`), so
 an unknown key is one line naming the section and the valid keys, and a value the block refuses is
 its own error prefixed with the section. `pipeline.py` runs the steps.
+
+Types are checked in one place, `check_types`, against the annotations of `PipelineConfig` and of
+each section's block (a JSON file has no types of its own: `"0.05"` is a string), so a value of
+the wrong type is one line naming the field, the type expected and the value given, before a block
+compares it with anything.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +44,12 @@ class PipelineConfig:
     executor: dict | None = None  # {"kind": "local" | "slurm" | "ray", "tasks": 64, ...}: data/engines/; None: here
 
     def __post_init__(self):
-        """Every section checked before any data is read: unknown keys, missing ones, values the blocks refuse."""
+        """Every field and section checked before any data is read: types, unknown keys, missing ones, values the
+        blocks refuse, an output folder that cannot be one."""
+        check_types(
+            "", {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, typing.get_type_hints(type(self))
+        )
+        check_folder(self.output_dir, "output_dir")
         check_rank(self.rank, self.world_size)
         if self.num_proc is not None and self.num_proc < 1:
             raise ValueError(f"num_proc={self.num_proc}: use a number of worker processes >= 1, or null.")
@@ -96,15 +108,15 @@ def _check_perplexity(values) -> None:
 def _check_dedup(values) -> None:
     from .dedup import MinHashDedup
 
-    options = dict(check_section("dedup", values, {"exact", "minhash", *settable_keys(MinHashDedup)}))
+    options = dict(check_section("dedup", values, {"exact": bool, "minhash": bool, **settable_keys(MinHashDedup)}))
     options.pop("exact", None)
     if options.pop("minhash", True):
         MinHashDedup(**{**options, "verbose": False})
 
 
 def _check_tokenizer(values) -> None:
-    keys = ("path",) if isinstance(values, dict) and "path" in values else ("vocab_size", "min_frequency")
-    check_section("tokenizer", values, keys, required=keys[:1])
+    keys = {"path": str} if isinstance(values, dict) and "path" in values else {"vocab_size": int, "min_frequency": int}
+    check_section("tokenizer", values, keys, required=tuple(keys)[:1])
     if "path" in values:
         from transformers import AutoTokenizer
 
@@ -126,16 +138,25 @@ def _check_executor(values) -> None:
     ExecutorConfig(**check_section("executor", values, settable_keys(ExecutorConfig))).check_installed()
 
 
-def settable_keys(owner, *also_internal: str) -> set[str]:
-    """The keyword arguments a config section may set for `owner` (a dataclass or a block's __init__)."""
+def settable_keys(owner, *also_internal: str) -> dict[str, object]:
+    """The keyword arguments a config section may set for `owner` (a dataclass or a block's __init__), with their
+    annotated types (`object`, which takes anything, where an annotation cannot be resolved)."""
+    target = owner if dataclasses.is_dataclass(owner) else owner.__init__
+    try:
+        hints = typing.get_type_hints(target)
+    except NameError:  # an annotation imported only for type checkers
+        hints = {}
     if dataclasses.is_dataclass(owner):
-        return {f.name for f in dataclasses.fields(owner)}
-    internal = {"self", "text_column", *also_internal}
-    return set(inspect.signature(owner.__init__).parameters) - internal
+        names = [f.name for f in dataclasses.fields(owner)]
+    else:
+        internal = {"self", "text_column", *also_internal}
+        names = [name for name in inspect.signature(owner.__init__).parameters if name not in internal]
+    return {name: hints.get(name, object) for name in names}
 
 
-def check_section(name: str, values, valid, required: tuple[str, ...] = ()) -> dict:
-    """`values` if it is an object of known keys holding the `required` ones; else the one-line error."""
+def check_section(name: str, values, valid: dict[str, object], required: tuple[str, ...] = ()) -> dict:
+    """`values` if it is an object of known keys holding the `required` ones, each of its type; else the one-line
+    error."""
     if not isinstance(values, dict):
         raise ValueError(f"section {name!r} must be an object of settings or null (skips the step), not {values!r}.")
     unknown = sorted(set(values) - set(valid))
@@ -144,4 +165,60 @@ def check_section(name: str, values, valid, required: tuple[str, ...] = ()) -> d
     missing = [key for key in required if key not in values]
     if missing:
         raise ValueError(f"section {name!r} lacks {missing}; valid keys are {sorted(valid)}.")
+    check_types(f"section {name!r}: ", values, valid)
     return values
+
+
+_EXPECTED = {bool: "true or false", int: "a whole number", float: "a number", str: "a string", dict: "an object"}
+_EXPECTED[type(None)] = "null"
+_GIVEN = {**_EXPECTED, bool: "a boolean", float: "a decimal number", list: "a list"}
+
+
+def _accepts(hint, value) -> bool:
+    """Whether `value` (parsed JSON) is of the annotated type `hint`: a bool is no number, an int is a float."""
+    if hint is object or hint is typing.Any:
+        return True
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_accepts(arg, value) for arg in typing.get_args(hint))
+    hint = typing.get_origin(hint) or hint  # list[str] -> list
+    if hint in (int, float) and isinstance(value, bool):
+        return False
+    if hint is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _described(hint) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_described(arg) for arg in typing.get_args(hint))
+    hint = typing.get_origin(hint) or hint
+    return _EXPECTED.get(hint, f"a {getattr(hint, '__name__', hint)}")
+
+
+def check_types(where: str, values: dict, hints: dict) -> None:
+    """Each of `values` of its type in `hints`, or one line: the field, the type expected, the value given (and, for
+    a number or a switch written as a string, the same value without quotes)."""
+    for name, value in values.items():
+        hint = hints.get(name, object)
+        if _accepts(hint, value):
+            continue
+        fix = "."
+        if isinstance(value, str):
+            try:
+                unquoted = json.loads(value)
+            except ValueError:
+                unquoted = None
+            if unquoted is not None and _accepts(hint, unquoted):
+                fix = f': write "{name}": {json.dumps(unquoted)}, without quotes.'
+        given = _GIVEN.get(type(value), f"a {type(value).__name__}")
+        raise ValueError(f"{where}{name}={value!r} is {given}; expected {_described(hint)}{fix}")
+
+
+def check_folder(path: str, field: str) -> None:
+    """`path` is a folder or can be made one (nothing in the way is a file), or one line naming `field`."""
+    for above in (Path(path), *Path(path).parents):
+        if above.exists():
+            if not above.is_dir():
+                where = "is a file" if above == Path(path) else f"is inside {str(above)!r}, a file"
+                raise ValueError(f"{field}={str(path)!r} {where}: pass a folder (it is created when missing).")
+            return

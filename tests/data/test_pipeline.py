@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from datasets import load_from_disk
 from transformers import AutoTokenizer
 
@@ -148,6 +149,67 @@ def test_bad_input_is_one_line_naming_the_path_or_the_key(tmp_path, capsys):
     ]:
         assert main(["data", argv[0], "--input", missing, "--output", str(out), *argv[1:]]) == 2
         assert error_line(capsys).startswith(expected)
+
+
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        (
+            {"heldout_fraction": "0.05"},
+            "heldout_fraction='0.05' is a string; expected a number: write \"heldout_fraction\": 0.05, without quotes.",
+        ),
+        (
+            {"pack": {"seq_len": "128"}},
+            "section 'pack': seq_len='128' is a string; expected a whole number: write \"seq_len\": 128, without quotes.",
+        ),
+        ({"num_proc": True}, "num_proc=True is a boolean; expected a whole number or null."),
+        (
+            {"clean": {"min_tokens": 3.5}},
+            "section 'clean': min_tokens=3.5 is a decimal number; expected a whole number or null.",
+        ),
+        ({"dedup": {"exact": "no"}}, "section 'dedup': exact='no' is a string; expected true or false."),
+        (
+            {"tokenizer": {"vocab_size": [512]}},
+            "section 'tokenizer': vocab_size=[512] is a list; expected a whole number.",
+        ),
+        (
+            {"executor": {"kind": "local", "mem_per_cpu_gb": "2"}},
+            "section 'executor': mem_per_cpu_gb='2' is a string; expected a number: write \"mem_per_cpu_gb\": 2, without quotes.",
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_one_line_naming_the_field_the_type_and_the_value(
+    tmp_path, capsys, settings, expected
+):
+    """A JSON config has no types of its own: each field and section key is checked against its annotation before a
+    block compares it with anything (no `'<=' not supported between ...`, no `seq_len=128 is too small`)."""
+    dirty_corpus(tmp_path / "raw")
+    config = {"input": str(tmp_path / "raw"), "output_dir": str(tmp_path / "out"), **settings}
+    (tmp_path / "p.json").write_text(json.dumps(config))
+    assert main(["data", "prepare", str(tmp_path / "p.json")]) == 2
+    assert error_line(capsys) == f"error: {tmp_path / 'p.json'}: {expected}"
+    assert not (tmp_path / "out").exists()  # refused before any data work
+
+
+def test_an_output_dir_that_is_a_file_and_a_bad_number_of_tasks_are_one_line_before_any_data_work(tmp_path, capsys):
+    dirty_corpus(tmp_path / "raw")
+    (tmp_path / "taken").write_text("a file, not a folder")
+    for output_dir, where in (("taken", "is a file"), ("taken/out", f"is inside {str(tmp_path / 'taken')!r}, a file")):
+        path = tmp_path / "p.json"
+        path.write_text(json.dumps({"input": str(tmp_path / "raw"), "output_dir": str(tmp_path / output_dir)}))
+        assert main(["data", "prepare", str(path)]) == 2
+        assert error_line(capsys) == (
+            f"error: {path}: output_dir={str(tmp_path / output_dir)!r} {where}: pass a folder (it is created when missing)."
+        )
+    path.write_text(json.dumps({"input": str(tmp_path / "raw"), "output_dir": str(tmp_path / "out")}))
+    for flag, value, expected in (
+        ("--tasks", "0", "--tasks 0 is invalid: use a number of shards >= 1 (e.g. --tasks 8)."),
+        ("--tasks", "-3", "--tasks -3 is invalid: use a number of shards >= 1 (e.g. --tasks 8)."),
+        ("--workers", "0", "--workers 0 is invalid: use a number of tasks at once >= 1, or -1 for all."),
+    ):
+        assert main(["data", "prepare", str(path), "--executor", "local", flag, value]) == 2
+        assert error_line(capsys) == f"error: {expected}"
+        assert not (tmp_path / "out").exists()
 
 
 def test_a_step_runs_again_when_its_settings_or_input_change(tmp_path, capsys):
