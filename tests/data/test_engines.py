@@ -23,7 +23,7 @@ import pytest
 import torch
 from datasets import Dataset, concatenate_datasets, load_from_disk
 
-from benchmarks.engine_clusters import ray_head, slurm_cluster, slurm_missing, stop_group, wait_until
+from benchmarks.engine_clusters import free_port, ray_head, slurm_cluster, slurm_missing, stop_group, wait_until
 from hf_pretrain.cli import main
 from hf_pretrain.data import embedded_documents
 from hf_pretrain.data.dedup import MinHashDedup
@@ -193,9 +193,9 @@ def assert_one_machine_result(corpus: Path, out: Path, reference: str = "one") -
             ), s["block"]
 
 
-def cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+def cli(*args: str, env: dict | None = None, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "hf_pretrain.cli", "data", "prepare", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, **kwargs)
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, **kwargs)
 
 
 @needs_datatrove
@@ -411,6 +411,41 @@ def test_a_task_the_cluster_would_refuse_is_one_line_before_any_submission(
     assert "the cluster refuses a task as configured" in run.stderr and refused in run.stderr, run.stderr
     assert "in the executor section" in run.stderr and "Traceback" not in run.stderr
     assert not out.exists()  # nothing read, nothing submitted
+
+
+@pytest.mark.parametrize("listening", ["nothing", "http"])
+def test_a_wrong_ray_address_is_one_line_within_seconds(tmp_path, listening):
+    """A closed port on the loopback, or a port that answers but is no Ray (an HTTP server): refused before any data
+    work, where `ray.init` would retry for ever (`Failed to connect to GCS` every 30 s)."""
+    import http.server
+    import threading
+    import time
+
+    if importlib.util.find_spec("ray") is None or importlib.util.find_spec("datatrove") is None:
+        pytest.skip("ray or datatrove is not installed: pip install 'hf_pretrain[ray]' (make test installs it)")
+    server = None
+    if listening == "http":
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        address = f"127.0.0.1:{server.server_address[1]}"
+    else:
+        address = f"127.0.0.1:{free_port()}"
+    out = tmp_path / "ray"
+    path = tmp_path / "ray.json"
+    config = {"input": str(ROOT / "README.md"), "output_dir": str(out), "tokenizer": None}
+    path.write_text(json.dumps({**config, "executor": {"kind": "ray", "tasks": 2, "address": address}}))
+    start = time.monotonic()
+    try:
+        run = cli(str(path), timeout=30)  # the unfixed hang: subprocess.TimeoutExpired
+    finally:
+        if server is not None:
+            server.shutdown()
+    assert run.returncode == 2 and time.monotonic() - start < 30, run.stderr[-3000:]
+    said = f"nothing answers at {address} (Connection refused)" if listening == "nothing" else "answers, but is no Ray"
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: executor address={address!r}: "), run.stderr[-3000:]
+    assert said in lines[0] and lines[0].endswith("or null to start a local Ray for the run.")
+    assert not out.exists()  # nothing read, nothing written
 
 
 # ---- faults ----------------------------------------------------------------------------------------------------------

@@ -159,12 +159,14 @@ def tasks_table(report: list[dict], tasks: list[dict], kind: str) -> str:
 
 def run_engine(config: PipelineConfig, verbose: bool = True) -> list[BlockStats]:
     from . import stages as s
-    from .executors import check_slurm, runner_for
+    from .executors import check_ray, check_slurm, runner_for
 
     executor = ExecutorConfig(**config.executor)
     executor.check_installed()
     if executor.kind == "slurm":
         check_slurm(executor)
+    if executor.kind == "ray":
+        check_ray(executor)
     if config.rank != 0 or config.world_size != 1:
         raise ValueError(
             f"rank={config.rank}, world_size={config.world_size} with an executor: the executor shards the data "

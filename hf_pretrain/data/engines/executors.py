@@ -5,6 +5,10 @@ stage (`OUTPUT/logs/NN-stage/`: `completions/` (datatrove's marks: a relaunch ru
 `logs/task_NNNNN.log`, `stats/`), and checks after the stage that every task completed; a task that did not is one
 error naming it and its log. Local and Ray run the stages one after the other; Slurm submits them all at once, each
 an array job depending on the one before (`afterok`), then waits for them (or returns with `wait: false`).
+
+Before any data work the cluster is asked whether it would take the tasks: Slurm with `sbatch --test-only`
+(`check_slurm`), Ray by a connection to the address the run would join (`check_ray`: `ray.init` retries a wrong
+address for ever, a warning every 30 s).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import getpass
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -106,6 +111,61 @@ class RayRunner(Runner):
             cpus_per_task=self.config.cpus_per_task,
             mem_per_cpu_gb=self.config.mem_per_cpu_gb,
         )
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # and an empty SETTINGS
+
+
+def grpc_answer(host: str, port: int, timeout: float = 5.0) -> str | None:
+    """None when a gRPC server (Ray's GCS, its client server) answers at host:port: it replies to the HTTP/2 preface
+    with a SETTINGS frame (type 4); else why not, in words."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(HTTP2_PREFACE)
+            header = sock.recv(9)
+    except OSError as err:
+        return f"nothing answers at {host}:{port} ({err.strerror or err})"
+    if len(header) < 4 or header[3] != 4:
+        return f"{host}:{port} answers, but is no Ray cluster (no gRPC server there: the dashboard's port?)"
+    return None
+
+
+def check_ray(c: ExecutorConfig) -> None:
+    """Before any data work: the Ray cluster the run would join answers, or one line naming the address and the fix.
+
+    The address is `ray.init`'s: `RAY_ADDRESS` when set, else the executor's; None or "local" start a Ray for the
+    run (nothing to check), "auto" is the cluster `ray start` last started here, "ray://host:port" a Ray client's."""
+    import ray
+
+    if ray.is_initialized():  # this process joined a Ray already: its tasks run there
+        return
+    field = "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "executor address"
+    address = os.environ.get("RAY_ADDRESS") or c.address
+    if address in (None, "local"):
+        return
+    fix = (
+        "start Ray there (`ray start --head` prints the address), pass the head's host:port (6379 unless "
+        "--port says otherwise), or null to start a local Ray for the run."
+    )
+    if address == "auto":
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:  # another Ray version: ray.init's own error
+            return
+        try:
+            address = canonicalize_bootstrap_address("auto")
+        except ConnectionError:
+            raise ValueError(
+                f"{field}='auto': no Ray cluster runs on this machine (`ray start --head` starts one); pass the "
+                "head's host:port, or null to start a local Ray for the run."
+            ) from None
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"{field}={address!r} is no host:port (e.g. 10.0.0.1:6379); {fix}")
+    why = grpc_answer(host.strip("[]"), int(port))
+    if why:
+        raise ValueError(f"{field}={address!r}: {why}; {fix}")
 
 
 def check_slurm(c: ExecutorConfig) -> None:
