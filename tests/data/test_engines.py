@@ -215,6 +215,18 @@ def test_local_executor_gives_the_one_machine_result_and_a_relaunch_reuses_it(co
 
 
 @needs_datatrove
+def test_num_proc_under_the_local_executor_gives_the_result_without_it(corpus, tmp_path):
+    """`num_proc` (the one-machine chain's worker processes; the docs' example sets it) under the local executor: the
+    tasks run their blocks in their own process (datatrove's pool workers are daemonic: no `datasets` pool inside)
+    and `num_proc` is how many run at once; the same documents, counts and packed tokens as without it."""
+    out = tmp_path / "num-proc"
+    path = config_file(corpus, out, None, kind="local", tasks=2)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_proc": 2}))
+    assert main(["data", "prepare", str(path)]) == 0
+    assert_one_machine_result(corpus, out, "one-nodedup")
+
+
+@needs_datatrove
 def test_the_tokenizer_is_trained_once_on_its_sample_and_packs_every_shard(corpus, tmp_path, capsys):
     """`tokenizer_sample_documents` below the training documents: one tokenizer task on that many, and every pack
     shard's rows are its tokens of that shard's documents (workers 1: the tasks run in this process)."""

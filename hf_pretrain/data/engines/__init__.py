@@ -9,6 +9,11 @@ sample holds every training document, each shard packed on its own (`05-pack/tra
 reads the shards as one dataset. Counters are ours, merged over the tasks into `OUTPUT/stats.json` and the same
 summary table; `OUTPUT/tasks.json` has each task's seconds, peak memory and the memory its block added.
 
+`num_proc` is the one-machine chain's worker processes per step. Under an executor a task is one process (datatrove's
+local pool workers are daemonic and may not start `datasets`' pools of their own): the tasks run their blocks in
+their own process, the executor's `tasks` and `workers` are the parallelism, and on the local executor `num_proc`,
+when `workers` is not given, is how many tasks run at once.
+
 Why datatrove: its three executors run one pipeline unchanged, mark completed tasks so that a relaunch reruns
 only the others, and keep a log per task (FineWeb was built with it); the blocks and their rules stay ours.
 A relaunch with another config, input or number of tasks into the same folder is refused (`engine.json`).
@@ -16,8 +21,10 @@ A relaunch with another config, input or number of tasks into the same folder is
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 from ..blocks import BlockStats
@@ -157,6 +164,23 @@ def tasks_table(report: list[dict], tasks: list[dict], kind: str) -> str:
     return "\n".join(lines)
 
 
+def task_config(config: PipelineConfig, executor: ExecutorConfig) -> PipelineConfig:
+    """The config the tasks run: each task's blocks in its own process (`num_proc` None; module docstring). On the
+    local executor `num_proc` is the default of `workers`; elsewhere it is not used, and a line on stderr says so."""
+    if config.num_proc is not None:
+        if executor.kind == "local" and "workers" not in (config.executor or {}):
+            executor.workers = config.num_proc
+        elif executor.kind != "local":
+            print(
+                f"note: num_proc={config.num_proc} is not used by executor {executor.kind!r}: each task runs in one "
+                "process; set tasks (and cpus_per_task) in the executor section instead.",
+                file=sys.stderr,
+            )
+    in_task = copy.copy(config)
+    in_task.num_proc = None
+    return in_task
+
+
 def run_engine(config: PipelineConfig, verbose: bool = True) -> list[BlockStats]:
     from . import stages as s
     from .executors import check_ray, check_slurm, runner_for
@@ -173,7 +197,7 @@ def run_engine(config: PipelineConfig, verbose: bool = True) -> list[BlockStats]
             "itself (executor tasks); leave rank 0 and world_size 1."
         )
     shards = count_shards(config, executor.tasks)
-    plan = s.Plan(config, shards, executor.tokenizer_sample_documents)
+    plan = s.Plan(task_config(config, executor), shards, executor.tokenizer_sample_documents)
     out = plan.out
     out.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("executor", "num_proc")}
