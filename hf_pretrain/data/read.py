@@ -302,7 +302,7 @@ class ReadFiles(Block):
         first, stop = shard_range(len(data), rank, world_size)
         mine = data.select(range(first, stop))
         if len(mine) == 0:
-            self._check_something_read(mine, names, "row")
+            self.check_something_read(mine, names, "row")
         return mine.map(
             functools.partial(mark, offset=first),
             batched=True,
@@ -315,7 +315,7 @@ class ReadFiles(Block):
     def finish(self, kept: Dataset) -> Dataset:
         """The one error when nothing was read; the fields of JSON records as columns."""
         source = self._source
-        self._check_something_read(kept, source["read"], source["unit"])
+        self.check_something_read(kept, source["read"], source["unit"])
         if source["unit"] != "line":
             return kept
         return unpack_fields(kept, source["num_proc"]) if source["has_fields"] else kept.remove_columns(RECORD)
@@ -323,8 +323,9 @@ class ReadFiles(Block):
     def finish_stream(self, kept: IterableDataset) -> IterableDataset:
         return kept.map(_unpack_row, remove_columns=[RECORD]) if self._source["unit"] == "line" else kept
 
-    def _check_something_read(self, data: Dataset, files: list[str], unit: str) -> None:
-        """The one error when no document came out: the files, what was dropped and the fix."""
+    def check_something_read(self, data, files: list[str], unit: str) -> None:
+        """The one error when no document came out (`data` is empty): the files, what was dropped (`self.stats`) and
+        the fix."""
         if len(data):
             return
         s = self.stats

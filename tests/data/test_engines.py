@@ -10,6 +10,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -616,6 +617,80 @@ def test_a_corrupt_parquet_file_is_left_out_counted_once_and_named(tmp_path, cap
     assert read["dropped"] == {"corrupt_file": 1} and read["extra"]["corrupt_files"] == ["part-1.parquet"]  # once
     assert read["documents_in"] == 41  # the two whole files' rows, and one for the file left out
     assert "corrupt input, left out and counted as corrupt_file: part-1.parquet" in capsys.readouterr().out
+
+
+def bad_files(folder: Path, good: bool = True) -> None:
+    """Two good JSON Lines files (unless not `good`), then an empty one, one of 10 lines of bytes that are not UTF-8
+    and one with a record that is not UTF-8: files sorted so that the second of 2 shards reads only the bad two."""
+    folder.mkdir()
+    docs = [json.dumps({"text": d}) + "\n" for d in embedded_documents()[:60]]
+    if good:
+        (folder / "a.jsonl").write_text("".join(docs[:30]))
+        (folder / "b.jsonl").write_text("".join(docs[30:]))
+    (folder / "x-empty.jsonl").write_bytes(b"")
+    (folder / "y-garbage.jsonl").write_bytes(b"\n".join(bytes([0x80 + i]) * 40 for i in range(10)) + b"\n")
+    (folder / "z-utf8.jsonl").write_bytes(b'{"text": "caf\xe9 au lait"}\n')
+
+
+def stats_without_times(out: Path) -> list[dict]:
+    stats = json.loads((out / "stats.json").read_text())
+    for s in stats:
+        s.pop("seconds")
+        s["extra"].pop("peak_rss_bytes", None)
+    return stats
+
+
+@needs_datatrove
+def test_a_shard_of_bad_files_keeps_nothing_and_the_counts_do_not_depend_on_the_tasks(tmp_path, capsys):
+    """With 2 tasks the second shard reads only files without a document: it keeps none, counted; the run gives the
+    counts of 1 task. Only an input that yields nothing at all is the one-machine read's error, for any tasks."""
+    bad_files(tmp_path / "raw")
+    config = {"input": str(tmp_path / "raw"), "tokenizer": None, "clean": None, "dedup": None}
+    for tasks in (1, 2):
+        path = tmp_path / f"{tasks}.json"
+        path.write_text(json.dumps({**config, "output_dir": str(tmp_path / f"out{tasks}")}))
+        assert main(["data", "prepare", str(path), "--executor", "local", "--tasks", str(tasks)]) == 0, tasks
+    read = stats_without_times(tmp_path / "out1")[0]
+    assert (read["documents_in"], read["documents_out"], read["dropped"]) == (71, 60, {"invalid_utf8": 11})
+    assert stats_without_times(tmp_path / "out2") == stats_without_times(tmp_path / "out1")
+    assert (
+        len(documents(tmp_path / "out2" / "05-pack" / "documents", "train"))
+        + len(documents(tmp_path / "out2" / "05-pack" / "documents", "heldout"))
+        == 60
+    )
+    bad_files(tmp_path / "nothing", good=False)
+    capsys.readouterr()
+    for tasks in (1, 2):
+        path = tmp_path / f"nothing{tasks}.json"
+        path.write_text(
+            json.dumps({**config, "input": str(tmp_path / "nothing"), "output_dir": str(tmp_path / path.stem)})
+        )
+        assert main(["data", "prepare", str(path), "--executor", "local", "--tasks", str(tasks)]) == 2, tasks
+        error = capsys.readouterr().err.splitlines()[-1]
+        assert error.startswith("error: No document could be read from ") and all(
+            name in error for name in ("x-empty.jsonl", "y-garbage.jsonl", "z-utf8.jsonl")
+        ), error
+        assert error.endswith(
+            "11 line(s), dropped: 11 invalid_utf8. Fix those lines (each reason is explained in "
+            "docs/data.md) or pass other files."
+        ), error
+
+
+def test_an_input_without_a_document_on_slurm_is_one_line_and_its_jobs_are_cancelled(tmp_path, slurm_env):
+    """The stages are submitted at once: once the documents stage is complete and no shard kept a document, the run
+    ends with the read's one line and cancels the later stages' jobs (and datatrove's stats jobs after them)."""
+    bad_files(tmp_path / "nothing", good=False)
+    config = {"input": str(tmp_path / "nothing"), "output_dir": str(tmp_path / "out"), "tokenizer": {"vocab_size": 512}}
+    (tmp_path / "c.json").write_text(
+        json.dumps({**config, "executor": {"kind": "slurm", "tasks": 2, "mem_per_cpu_gb": 1}})
+    )
+    run = cli(str(tmp_path / "c.json"), env=slurm_env)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert run.stderr.splitlines()[-1].startswith("error: No document could be read from "), run.stderr[-3000:]
+    jobs = run.stdout.split("submitted job(s) ")[1].split(":")[0].split(", ")
+    assert len(jobs) == 5  # documents, buckets, clusters, tokenizer, pack
+    listed = subprocess.run(["squeue", "-h", "-o", "%F %E"], capture_output=True, text=True, env=slurm_env).stdout
+    assert not set(jobs) & set(re.findall(r"\d+", listed)), listed  # nothing of this run left waiting
 
 
 @pytest.mark.exhaustive

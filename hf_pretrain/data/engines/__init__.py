@@ -12,7 +12,8 @@ summary table; `OUTPUT/tasks.json` has each task's seconds, peak memory and the 
 `num_proc` is the one-machine chain's worker processes per step. Under an executor a task is one process (datatrove's
 local pool workers are daemonic and may not start `datasets`' pools of their own): the tasks run their blocks in
 their own process, the executor's `tasks` and `workers` are the parallelism, and on the local executor `num_proc`,
-when `workers` is not given, is how many tasks run at once.
+when `workers` is not given, is how many tasks run at once. A shard whose files hold no document keeps none; the run
+fails, with the one-machine read's error, only when the whole input yields nothing (`check_something_read`).
 
 Why datatrove: its three executors run one pipeline unchanged, mark completed tasks so that a relaunch reruns
 only the others, and keep a log per task (FineWeb was built with it); the blocks and their rules stay ours.
@@ -164,6 +165,23 @@ def tasks_table(report: list[dict], tasks: list[dict], kind: str) -> str:
     return "\n".join(lines)
 
 
+def check_something_read(plan) -> None:
+    """After the documents stage: the one-machine read's error (every file named, the drops of every shard summed)
+    when no shard kept a document. A shard alone may keep none (its files held only bad lines)."""
+    from ..read import ReadFiles, list_files
+    from ..records import LINE_SUFFIXES
+    from .stages import DOCUMENTS
+
+    read = merge([plan.task_stats(DOCUMENTS, rank)["stats"][:1] for rank in range(plan.shards)])[0]
+    if read.documents_out:
+        return
+    c = plan.config
+    kind, files = list_files(c.input)
+    reader = ReadFiles(c.text_column, c.max_bytes)
+    reader.stats = read
+    reader.check_something_read([], [str(p) for p in files], "line" if kind in LINE_SUFFIXES.values() else "row")
+
+
 def task_config(config: PipelineConfig, executor: ExecutorConfig) -> PipelineConfig:
     """The config the tasks run: each task's blocks in its own process (`num_proc` None; module docstring). On the
     local executor `num_proc` is the default of `workers`; elsewhere it is not used, and a line on stderr says so."""
@@ -203,7 +221,8 @@ def run_engine(config: PipelineConfig, verbose: bool = True) -> list[BlockStats]
     settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("executor", "num_proc")}
     check_key(out, _key(settings, files_signature(config.input), shards))
     steps = chain(plan, executor)
-    report = runner_for(executor, out / "logs").run(steps)
+    after = lambda stage: check_something_read(plan) if stage.folder == s.DOCUMENTS else None  # noqa: E731
+    report = runner_for(executor, out / "logs").run(steps, after)
     if report is None:  # Slurm jobs submitted, not waited for
         return []
     stats, tasks = collect(plan, steps)

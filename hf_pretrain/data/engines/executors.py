@@ -3,8 +3,10 @@
 Every runner hands each stage to datatrove's executor of its kind with `tasks` tasks and a logging folder per
 stage (`OUTPUT/logs/NN-stage/`: `completions/` (datatrove's marks: a relaunch runs only the tasks without one),
 `logs/task_NNNNN.log`, `stats/`), and checks after the stage that every task completed; a task that did not is one
-error naming it and its log. Local and Ray run the stages one after the other; Slurm submits them all at once, each
-an array job depending on the one before (`afterok`), then waits for them (or returns with `wait: false`).
+error naming it and its log. Then `after(stage)`, the caller's check of the stage's output (the engine's: that the
+input yielded a document), may end the run with its one line. Local and Ray run the stages one after the other;
+Slurm submits them all at once, each an array job depending on the one before (`afterok`), then waits for them (or
+returns with `wait: false`), checking each stage as it completes and cancelling the rest when a check fails.
 
 Before any data work the cluster is asked whether it would take the tasks: Slurm with `sbatch --test-only`
 (`check_slurm`), Ray by a connection to the address the run would join (`check_ray`: `ray.init` retries a wrong
@@ -15,11 +17,13 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .config import ExecutorConfig
@@ -45,8 +49,11 @@ class Runner:
     def workers(self, tasks: int) -> int:
         return tasks if self.config.workers == -1 else min(self.config.workers, tasks)
 
-    def run(self, stages: list[tuple[Stage, int]]) -> list[dict] | None:
-        """Run the stages in order; per stage: tasks, and how many were complete from an earlier launch."""
+    def run(
+        self, stages: list[tuple[Stage, int]], after: Callable[[Stage], None] = lambda stage: None
+    ) -> list[dict] | None:
+        """Run the stages in order, `after(stage)` once each is complete; per stage: tasks, and how many were
+        complete from an earlier launch."""
         report = []
         with self.session():
             for stage, tasks in stages:
@@ -56,6 +63,7 @@ class Runner:
                 missing = executor.get_incomplete_ranks(skip_completed=True)
                 if missing:
                     raise StageFailed(incomplete_message(stage, executor, self.logs, missing))
+                after(stage)
                 report.append({"stage": stage.folder, "tasks": tasks, "ran": before, "reused": tasks - before})
         return report
 
@@ -241,7 +249,7 @@ class SlurmRunner(Runner):
             requeue=False,
         )
 
-    def run(self, stages):
+    def run(self, stages, after=lambda stage: None):
         executors, report, previous = [], [], None
         for stage, tasks in stages:
             previous = self.executor(stage, tasks, depends=previous)
@@ -257,34 +265,49 @@ class SlurmRunner(Runner):
                 "[slurm] not waiting (wait: false): run the same command again once the jobs ended to merge the counts"
             )
             return None
-        self.wait(executors, jobs)
+        self.wait(executors, jobs, after)
         return report
 
-    def wait(self, executors, jobs: list[str]) -> None:
+    def wait(self, executors, jobs: list[str], after) -> None:
+        checked = 0  # stages complete and checked by `after`, in order
         while True:
             pending = [(stage, e, e.get_incomplete_ranks(skip_completed=True)) for stage, e in executors]
+            while checked < len(executors) and not pending[checked][2]:
+                try:
+                    after(executors[checked][0])
+                except ValueError:
+                    self.cancel(jobs)
+                    raise
+                checked += 1
             pending = [item for item in pending if item[2]]
             if not pending:
                 return
             queued = self.queued(jobs)
-            stuck = [job for job, reason in queued.items() if "DependencyNeverSatisfied" in reason]
+            stuck = [job for job, (reason, _) in queued.items() if "DependencyNeverSatisfied" in reason]
             if not queued or stuck:
-                if queued:
-                    subprocess.run(["scancel", *queued], check=False)
+                self.cancel(jobs)
                 raise StageFailed(incomplete_message(*pending[0][:2], self.logs, pending[0][2]))
             time.sleep(self.poll_seconds)
 
+    def cancel(self, jobs: list[str]) -> None:
+        """`scancel` our jobs still queued and datatrove's stats-merging job after each (submitted `afterok` on ours,
+        it would wait for ever once ours are gone)."""
+        doomed = list(self.queued(jobs, following=True))
+        if doomed:
+            subprocess.run(["scancel", *doomed], check=False)
+
     @staticmethod
-    def queued(jobs: list[str]) -> dict[str, str]:
-        """Our jobs still in the queue (array job id -> state and reason)."""
+    def queued(jobs: list[str], following: bool = False) -> dict[str, tuple[str, str]]:
+        """Our jobs still in the queue (array job id -> state and reason, dependencies); `following`: also the jobs
+        that depend on one of ours."""
         listed = subprocess.run(
-            ["squeue", "-h", "-u", getpass.getuser(), "-o", "%F|%T|%r"], capture_output=True, text=True, check=False
+            ["squeue", "-h", "-u", getpass.getuser(), "-o", "%F|%T|%r|%E"], capture_output=True, text=True, check=False
         ).stdout
-        found: dict[str, str] = {}
+        found: dict[str, tuple[str, str]] = {}
         for line in listed.splitlines():
-            job, state, reason = (line.split("|") + ["", ""])[:3]
-            if job in jobs:
-                found[job] = f"{found.get(job, '')} {state} {reason}".strip()
+            job, state, reason, depends = (line.split("|") + ["", "", ""])[:4]
+            if job in jobs or following and set(re.findall(r"\d+", depends)) & set(jobs):
+                found[job] = (f"{found.get(job, ('', ''))[0]} {state} {reason}".strip(), depends)
         return found
 
 

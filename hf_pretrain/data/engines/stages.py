@@ -38,7 +38,7 @@ from ..blocks import DROP, BlockStats, shard_range
 from ..dedup import EXACT, REASONS, _GlobalDedup
 from ..pipeline_config import PipelineConfig
 from ..read import ReadFiles
-from ..records import DOC_ID
+from ..records import DOC_ID, RECORD
 from . import dedup_shards
 from .dedup_shards import DedupSettings, write_json
 
@@ -126,6 +126,12 @@ def replace_folder(tmp: Path, final: Path) -> None:
     tmp.rename(final)
 
 
+def save(data, path: Path) -> None:
+    """`data.save_to_disk(path)`, loadable when empty too (a shard that kept nothing): for a table of no rows
+    `datasets` writes no data file, and `load_from_disk` then fails."""
+    data.save_to_disk(str(path), num_shards=1 if len(data) == 0 else None)
+
+
 def fresh(path: Path) -> Path:
     if path.exists():
         shutil.rmtree(path)
@@ -171,7 +177,9 @@ class Stage(PipelineStep):
 
 class ShardFiles(ReadFiles):
     """`ReadFiles` with a contiguous part of the files per shard (shard 0's, then 1's, ... is the input's order,
-    so dedup keeps the same copies as on one machine); names the compressed files whose stream broke."""
+    so dedup keeps the same copies as on one machine); names the compressed files whose stream broke. A shard whose
+    lines are all dropped keeps no document, counted like any other: the run fails only when no shard kept one
+    (`engines.check_something_read`, after this stage), so the result does not depend on the number of tasks."""
 
     def _mark_lines(self, files, names, rank, world_size, num_proc):
         start, stop = shard_range(len(files), rank, world_size)
@@ -187,6 +195,11 @@ class ShardFiles(ReadFiles):
         if broken:
             self.stats.extra["corrupt_files"] = broken
         return kept
+
+    def finish(self, kept):
+        if len(kept) or self._source["unit"] != "line":
+            return super().finish(kept)
+        return kept.remove_columns(RECORD)  # nothing to keep here: the text and doc_id columns, no row
 
 
 class Documents(Stage):
@@ -210,7 +223,7 @@ class Documents(Stage):
                 stats.append(block.stats)
         final = out / "data" / f"{rank:05d}"
         tmp = fresh(out / "data" / f".{rank:05d}.tmp")
-        data.save_to_disk(str(tmp))
+        save(data, tmp)
         replace_folder(tmp, final)
         if self.plan.dedup is not None:
             texts = load_from_disk(str(final)).data.column(c.text_column)
@@ -302,8 +315,9 @@ class Tokenizer(Stage):
             if wanted <= 0:
                 break
             splits, _ = kept_splits(plan, shard)
-            train.append(splits["train"].select(range(min(wanted, len(splits["train"])))))
-            wanted -= len(train[-1])
+            if len(splits["train"]):  # a shard that kept nothing has no fields to concatenate with the others'
+                train.append(splits["train"].select(range(min(wanted, len(splits["train"])))))
+                wanted -= len(train[-1])
             heldout += splits["heldout"][c.text_column][: 1000 - len(heldout)]
         sample = concatenate_datasets(train)
         tmp = fresh(out / ".tmp")
@@ -330,7 +344,7 @@ class Pack(Stage):
         splits, stats = kept_splits(self.plan, rank)
         for name, part in splits.items():
             tmp = fresh(out / "documents" / name / f".{rank:05d}.tmp")
-            part.save_to_disk(str(tmp))
+            save(part, tmp)
             replace_folder(tmp, out / "documents" / name / f"{rank:05d}")
         if c.tokenizer is None or c.pack is None:
             return stats, {}
