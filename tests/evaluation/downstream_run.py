@@ -3,12 +3,14 @@ model with the downstream suite and a generation probe at the end, then the mode
 evaluations' checks under sharded weights).
 
 Usage: downstream_run.py OUTPUT_DIR [DEEPSPEED_CONFIG]
-Writes OUTPUT_DIR/rank-<r>.json: the figures this rank ended with, its evaluation forwards, its share of the batches,
+Writes OUTPUT_DIR/rank-<r>.json: the figures this rank ended with, its evaluation forwards, its share of the batches
+(and of each task's requests),
 whether the weights were sharded, the probe's `generate` calls (their `synced_gpus`) and the steps it logged; saves the full model to OUTPUT_DIR/model.
 """
 
 import json
 import sys
+from collections import Counter
 
 from transformers import default_data_collator
 
@@ -39,7 +41,8 @@ def main(out: str, deepspeed: str | None = None) -> None:
         lambda module, inputs: None if module.training or generating else forwards.append(1)
     )
     model.generate = counted_generate
-    suite = DownstreamEvalCallback("arc_easy,piqa", examples=24, batch_tokens=512)  # several batches to share out
+    # several batches to share out; a progress line after each (rank 0's share only)
+    suite = DownstreamEvalCallback("arc_easy,piqa", examples=24, batch_tokens=512, progress_s=0)
     probe = GenerationProbeCallback(["The cat", "A dog"], every_n_steps=1, max_new_tokens=3)
     trainer = PretrainTrainer(
         model=model,
@@ -56,6 +59,7 @@ def main(out: str, deepspeed: str | None = None) -> None:
         "forwards": len(forwards),
         "batches": len(batches[args.process_index :: args.world_size]),
         "all_batches": len(batches),
+        "requests": sum(suite.evaluator._batch_tasks[args.process_index :: args.world_size], Counter()),
         "sharded": is_sharded(trainer.model, args),
         "generate_calls": generate_calls,
         "probed_steps": [h["step"] for h in trainer.state.log_history if "probe_0" in h],

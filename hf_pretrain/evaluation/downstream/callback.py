@@ -9,6 +9,9 @@ rank) and prints on rank 0:
 
     [downstream] step 200: hellaswag acc_norm 0.262 | arc_easy acc_norm 0.281 | piqa acc_norm 0.552 | centered 0.012 (3.1 s)
 
+and, while it scores, a progress line every `progress_s` seconds (rank 0's share: requests done per
+task, the rate, the time left; `DownstreamEvaluator.evaluate`), so a long evaluation is never silent.
+
 Logs (merged into that step's log by `PretrainTrainer.log`: console, `report_to`, telemetry.jsonl and
 `state.log_history`; rank 0):
 - `downstream/<task>/acc`, `/acc_norm`, `/acc_per_token`, `/bpb`, `/centered` for each task
@@ -25,7 +28,7 @@ import time
 
 from ...callback import PretrainCallback
 from ..generation_probe import is_sharded
-from .evaluator import DEFAULT_BATCH_TOKENS, DownstreamEvaluator, DownstreamResult
+from .evaluator import DEFAULT_BATCH_TOKENS, PROGRESS_S, DownstreamEvaluator, DownstreamResult
 
 
 class DownstreamEvalCallback(PretrainCallback):
@@ -70,12 +73,17 @@ class DownstreamEvalCallback(PretrainCallback):
         seed: int = 1234,
         data_dir: str | None = None,
         phase=None,
+        progress_s: float | None = PROGRESS_S,
     ):
         if every_n_steps < 0 or (every_n_steps == 0 and not at_end):
             raise ValueError("downstream_every must be >= 1 (or 0 with downstream_at_end: evaluate only at the end).")
+        if examples is not None and examples < 0:
+            raise ValueError(
+                f"downstream_examples={examples}: pass the rows a task to score (1 or more), or 0 for all."
+            )
         self.tasks, self.every_n_steps, self.examples, self.shots = tasks, every_n_steps, examples or None, shots
         self.tokenizer, self.at_end, self.batch_tokens, self.seed = tokenizer, at_end, batch_tokens, seed
-        self.autocast, self.data_dir = autocast, data_dir
+        self.autocast, self.data_dir, self.progress_s = autocast, data_dir, progress_s
         self.phase = phase  # PretrainTrainer's recovery.phase: the hang watchdog's floor, goodput's evaluations
         self.evaluator: DownstreamEvaluator | None = None
         self.history: list[tuple[int, DownstreamResult]] = []  # rank 0
@@ -119,11 +127,15 @@ class DownstreamEvalCallback(PretrainCallback):
         self._last_step = state.global_step
         control.should_log = True  # every rank: the figures get a log at this very step
         with self.phase("eval") if self.phase else contextlib.nullcontext():
+            self.evaluator.batches(model, args.device)  # prepared at the first evaluation: its notes said before
+            for note in self.evaluator.notes() if state.is_world_process_zero else ():
+                print(f"[downstream] {note}", flush=True)
             result = self.evaluator.evaluate(
                 model,
                 args.device,
                 sharded=is_sharded(model, args) and args.world_size > 1,
                 autocast=self.autocast or contextlib.nullcontext,
+                progress_s=self.progress_s,
             )
         self.seconds.append(result.seconds)
         self.last = result
@@ -131,8 +143,6 @@ class DownstreamEvalCallback(PretrainCallback):
             return
         self.history.append((state.global_step, result))
         self._pending = result.logs()
-        for note in self.evaluator.notes():
-            print(f"[downstream] {note}", flush=True)
         print(f"[downstream] step {state.global_step}: {summary(result, self.evaluator)}", flush=True)
 
     def metrics_for_log(self, state) -> dict:

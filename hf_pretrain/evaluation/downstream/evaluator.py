@@ -12,12 +12,20 @@ is scored by exactly one rank, which is checked), so every rank ends with the sa
 the parameters are sharded (DeepSpeed ZeRO-3, FSDP) each forward gathers them layer by layer, so
 every rank must run as many forwards as the others: a rank with one batch fewer runs one
 single-token forward more. No rank ever holds the full weights for it.
+
+Progress (`progress_s`, default every 10 s of scoring; None: silent): rank 0 prints a line of the
+requests its share has scored, per task and in all, the rate and the time left (from the tokens left:
+rows come longest first, so requests alone would overstate it early), as lm-eval's and the Trainer's
+bars do, and a last line when done (if it printed any before). Plain lines, not a bar: they read the
+same in a log file as on a terminal, and between the Trainer's own log lines. With several ranks the
+figures are rank 0's share; the others score theirs at about the same pace.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +39,7 @@ from .scoring import ExampleResult, centered_mean, score_example, task_figures
 from .tasks import TaskSet, build_examples, resolve_tasks
 
 DEFAULT_BATCH_TOKENS = 8192
+PROGRESS_S = 10.0  # seconds of scoring between two progress lines
 
 
 def packs_documents(model, device: torch.device) -> bool:
@@ -91,7 +100,7 @@ class DownstreamEvaluator:
         self.tokenizer = tokenizer
         self.tasks = resolve_tasks(tasks)
         if limit is not None and limit < 1:
-            raise ValueError(f"limit={limit}: evaluate at least one example a task (or None for all).")
+            raise ValueError(f"limit={limit}: evaluate at least one example a task, or pass limit=None for all.")
         if shots < 0:
             raise ValueError(f"shots={shots} must be >= 0.")
         self.limit, self.shots, self.seed = limit, shots, seed
@@ -101,6 +110,7 @@ class DownstreamEvaluator:
         requests = [r for s in self.sets for r in requests_of(s.task.name, s.examples)]
         self.encoded: list[Encoded] = Encoder(tokenizer).encode(requests)
         self._batches: list[list[Row]] | None = None
+        self._batch_tasks: list[Counter] = []  # per batch: requests of each task it scores
         self.truncated = 0
         self.skipped: set[tuple[str, int]] = set()
         self._notes: list[str] = []
@@ -120,8 +130,18 @@ class DownstreamEvaluator:
             segments, self.truncated = segments_of(self.encoded, self.max_length, skip)
             rows = rows_of(segments, self.max_length, self.pack)
             self._batches = batches_of(rows, max(self.batch_tokens, self.max_length))
+            self._batch_tasks = [self._tasks_of(batch) for batch in self._batches]
             self._notes = self._describe(rows)
         return self._batches
+
+    def _tasks_of(self, batch: list[Row]) -> Counter:
+        """How many requests of each task a batch scores."""
+        return Counter(
+            self.encoded[number].request.task
+            for row in batch
+            for segment in row.segments
+            for number, _ in segment.scored
+        )
 
     def _describe(self, rows: list[Row]) -> list[str]:
         notes = []
@@ -159,14 +179,20 @@ class DownstreamEvaluator:
         sharded: bool = False,
         autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         keep_examples: bool = False,
+        progress_s: float | None = PROGRESS_S,
     ) -> DownstreamResult:
-        """Score every task on `model` (all ranks call it together when a process group is up)."""
+        """Score every task on `model` (all ranks call it together when a process group is up); rank 0 prints its
+        progress at most every `progress_s` seconds (None: never)."""
         start = time.perf_counter()
         device = torch.device(device) if device is not None else _device_of(model)
         batches = self.batches(model, device)
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
         mine = batches[rank::world]
+        shares = self._batch_tasks[rank::world]
+        progress = (
+            Progress(self.sets, shares, mine, progress_s, world) if rank == 0 and progress_s is not None else None
+        )
         forwards = -(-len(batches) // world)  # every rank's number of forwards when the weights are sharded
         sums = torch.zeros(len(self.encoded), dtype=torch.float64, device=device)
         counts = torch.zeros(len(self.encoded), dtype=torch.float64, device=device)
@@ -175,14 +201,18 @@ class DownstreamEvaluator:
         model.eval()
         try:
             with precision.high_precision(model), torch.no_grad(), autocast():
-                for batch in mine:
+                for batch, tasks in zip(mine, shares):
                     numbers, values = score_batch(model, batch, device, pad, self.pack)
                     sums.index_add_(0, numbers, values)
                     counts.index_add_(0, numbers, torch.ones_like(values))
+                    if progress is not None:
+                        progress.update(tasks, batch)
                 for _ in range(forwards - len(mine) if sharded else 0):
                     model(input_ids=torch.full((1, 1), pad, device=device), use_cache=False)
         finally:
             model.train(was_training)
+        if progress is not None:
+            progress.finish()
         if distributed:
             dist.all_reduce(sums)
             dist.all_reduce(counts)
@@ -212,6 +242,54 @@ class DownstreamEvaluator:
             if keep_examples:
                 examples[s.task.name] = results
         return DownstreamResult(per_task, centered_mean(per_task), seconds, self.truncated, examples)
+
+
+class Progress:
+    """Requests scored of one rank's share, per task: a line at most every `every_s` seconds, and when done."""
+
+    def __init__(
+        self, sets: list[TaskSet], shares: list[Counter], batches: list[list[Row]], every_s: float, world: int
+    ):
+        self.names = [s.task.name for s in sets]
+        self.total = sum(shares, Counter())
+        self.done: Counter = Counter()
+        self.tokens, self.tokens_done = sum(map(_cost, batches)), 0
+        self.every_s, self.world = every_s, world
+        self.start = self.last = time.perf_counter()
+        self.printed = False
+
+    def update(self, tasks: Counter, batch: list[Row]) -> None:
+        self.done.update(tasks)
+        self.tokens_done += _cost(batch)
+        if time.perf_counter() - self.last >= self.every_s:
+            self.print()
+
+    def finish(self) -> None:
+        """The closing line, when a progress line came before it (a short evaluation stays one summary line)."""
+        if self.printed:
+            self.print(final=True)
+
+    def print(self, final: bool = False) -> None:
+        from tqdm import tqdm
+
+        now = time.perf_counter()
+        self.last, self.printed = now, True
+        done, total, elapsed = sum(self.done.values()), sum(self.total.values()), now - self.start
+        rate = done / elapsed if elapsed > 0 else 0.0
+        tasks = " | ".join(f"{n} {self.done[n]:,}/{self.total[n]:,}" for n in self.names if self.total[n])
+        left = elapsed * (self.tokens - self.tokens_done) / self.tokens_done if self.tokens_done else None
+        when = f"done in {tqdm.format_interval(elapsed)}" if final else f"{tqdm.format_interval(left or 0)} left"
+        share = f" (rank 0's share of {self.world} ranks)" if self.world > 1 else ""
+        print(
+            f"[downstream] {done:,}/{total:,} requests{share} ({100 * done / max(total, 1):.0f}%): {tasks}; "
+            f"{rate:,.1f} requests/s, {when}",
+            flush=True,
+        )
+
+
+def _cost(batch: list[Row]) -> int:
+    """The tokens a batch's forward runs: its rows padded to the longest."""
+    return len(batch) * max(r.length for r in batch)
 
 
 def _device_of(model) -> torch.device:

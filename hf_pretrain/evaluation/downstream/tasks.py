@@ -197,6 +197,7 @@ class TaskSet:
     examples: list[Example]
     shots: int = 0
     shot_indices: list[int] = field(default_factory=list)
+    rows: int = 0  # the rows a sample is drawn from (the task's rows less the shots)
 
 
 def build_examples(
@@ -241,4 +242,4 @@ def build_examples(
                 tuple(prefix + c for c in example.contexts), example.continuations, example.choices, example.gold
             )
         examples.append(example)
-    return TaskSet(task, list(indices), examples, shots, shot_pool)
+    return TaskSet(task, list(indices), examples, shots, shot_pool, len(rows) - len(shot_pool))
