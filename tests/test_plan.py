@@ -395,9 +395,24 @@ def test_warns_past_four_epochs_of_repeated_data():
     plan = make_plan(PlanRequest("h100", gpus=8, hours=24, data_tokens=2e9))
     [warning] = [w for w in plan.warnings if "epochs over" in w]
     assert "Muennighoff" in warning and f"{plan.epochs:.1f} epochs" in warning
-    [tiny] = [w for w in make_plan(PlanRequest("h100", gpus=8, hours=24, data_tokens=1e6)).warnings if "epochs" in w]
+    assert "8e+09 tokens (4 epochs) suit a model of ~4e+08 parameters (--tokens 8e+09)" in warning
+    small = make_plan(PlanRequest("h100", tokens=1e9, data_tokens=1e8))  # 10 epochs; 4 suit no shape
+    [tiny] = [w for w in small.warnings if "epochs" in w]
     assert "even the planner's smallest shape (3.53e+07 parameters) wants 7.05e+08 tokens: find more data" in tiny
     assert not any("epochs over" in w for w in make_plan(PlanRequest("h100", hours=24, data_tokens=1e12)).warnings)
+
+
+@pytest.mark.parametrize("data", [1, 1e6, 4e8])
+def test_refuses_a_plan_past_sixty_epochs_of_its_data(data, tmp_path, capsys):
+    """28.4B tokens planned on 1 token of data was written as 28,447,866,880 epochs with exit 0."""
+    flags = ["plan", "--device", "h100", "--gpus", "8", "--hours", "24", "--data-tokens", str(data)]
+    assert cli([*flags, "--out", str(tmp_path / "plan")]) == 2
+    error = capsys.readouterr().err
+    epochs = 28_447_866_880 / data
+    assert error.startswith(f"error: --data-tokens {data:.3g}: the plan trains 2.84e+10 tokens, {epochs:,.0f} epochs")
+    assert error.count("\n") == 1 and "past 60 epochs" in error and "find more data" in error
+    assert not (tmp_path / "plan").exists()  # nothing written
+    assert make_plan(PlanRequest("h100", gpus=8, hours=24, data_tokens=28_447_866_880 / 60)).epochs == 60  # the edge
 
 
 def test_cli_refusal_is_an_error_with_the_reason(capsys, tmp_path):
@@ -468,7 +483,7 @@ def test_cli_writes_files_accelerate_and_the_example_accept(flags, distributed_t
     "flags",
     [
         ["--gpus", "8", "--nodes", "128", "--hours", "720"],
-        ["--gpus", "8", "--hours", "24", "--data-tokens", "1M"],
+        ["--gpus", "8", "--hours", "24", "--data-tokens", "1B"],
         ["--gpus", "8", "--params", "7B", "--hours", "0.001"],
         ["--hours", "24", "--vocab-size", "300", "--seq-len", "512"],
     ],

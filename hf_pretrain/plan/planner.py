@@ -411,9 +411,40 @@ def make_plan(request: PlanRequest) -> Plan:
     )
     state = plan.memory.parameters + plan.memory.optimizer_states  # what one rank's checkpoint stages
     measured = run_resilience(request.goodput_from) if request.goodput_from else None
+    refuse_excess_epochs(plan)
     plan.checkpoints = checkpoint_plan(state, hw.world, request.checkpoint_seconds, request.mtbf_hours, measured)
     plan.warnings = warnings_for(plan) + ([resized] if resized else [])
     return plan
+
+
+def data_advice(plan: Plan) -> str:
+    """What to do when the data is too small for the plan: the model 4 epochs of it suit, or more data."""
+    useful = scaling.MAX_USEFUL_EPOCHS * plan.data_tokens
+    suited = useful / plan.tokens_per_param_target
+    smallest = count_parameters(
+        scaling.shape(scaling.LAYERS[0], plan.config.vocab_size, plan.seq_len, **_windows(plan.config))
+    )
+    if suited >= smallest:
+        return (
+            f"{useful:.3g} tokens ({scaling.MAX_USEFUL_EPOCHS:g} epochs) suit a model of ~{suited:.3g} parameters "
+            f"(--tokens {useful:.3g}), or find more data"
+        )
+    wanted = smallest * plan.tokens_per_param_target
+    return (
+        f"even the planner's smallest shape ({smallest:.3g} parameters) wants {wanted:.3g} tokens: find more data "
+        f"(at least {wanted / scaling.MAX_USEFUL_EPOCHS:.3g} unique tokens for {scaling.MAX_USEFUL_EPOCHS:g} epochs)"
+    )
+
+
+def refuse_excess_epochs(plan: Plan) -> None:
+    """A plan past `MAX_PLANNED_EPOCHS` of its data trains on data worth nothing more: refused, with the fix."""
+    epochs = plan.epochs
+    if epochs is not None and epochs > scaling.MAX_PLANNED_EPOCHS:
+        raise PlanRefused(
+            f"--data-tokens {plan.data_tokens:.3g}: the plan trains {plan.tokens:.3g} tokens, {epochs:,.0f} epochs "
+            f"of that data, and past {scaling.MAX_PLANNED_EPOCHS:g} epochs repeats add nothing (Muennighoff et al. "
+            f"2023); {data_advice(plan)}."
+        )
 
 
 def warnings_for(plan: Plan) -> list[str]:
@@ -422,21 +453,9 @@ def warnings_for(plan: Plan) -> list[str]:
     if epochs is None:
         out.append("no --data-tokens: epochs over the unique data unknown")
     elif epochs > scaling.MAX_USEFUL_EPOCHS:
-        useful = scaling.MAX_USEFUL_EPOCHS * plan.data_tokens
-        suited = useful / plan.tokens_per_param_target
-        smallest = count_parameters(
-            scaling.shape(scaling.LAYERS[0], plan.config.vocab_size, plan.seq_len, **_windows(plan.config))
-        )
-        advice = (
-            f"{useful:.3g} tokens ({scaling.MAX_USEFUL_EPOCHS:g} epochs) suit a model of ~{suited:.3g} parameters "
-            "(--tokens), or find more data"
-            if suited >= smallest
-            else f"even the planner's smallest shape ({smallest:.3g} parameters) wants "
-            f"{smallest * plan.tokens_per_param_target:.3g} tokens: find more data"
-        )
         out.append(
             f"{epochs:.1f} epochs over {plan.data_tokens:.3g} unique tokens: past ~{scaling.MAX_USEFUL_EPOCHS:g} "
-            f"repeats the value of repeated data fades (Muennighoff et al. 2023); {advice}"
+            f"repeats the value of repeated data fades (Muennighoff et al. 2023); {data_advice(plan)}"
         )
     if plan.global_batch_tokens > 2 * plan.batch_opt_tokens:
         out.append(

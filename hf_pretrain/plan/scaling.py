@@ -23,7 +23,10 @@ The fits, each with its source (the numbers below are the papers', not ours):
   near-optimal values around them, so rounding the batch to what the GPUs give costs little.
 - **Repeated data** (Muennighoff et al. 2023, "Scaling Data-Constrained Language Models", arXiv 2305.16264):
   up to about 4 epochs, repeated tokens are worth almost as much as unique ones; beyond, their value fades
-  (the planner warns past `MAX_USEFUL_EPOCHS`).
+  (the planner warns past `MAX_USEFUL_EPOCHS`). Their fit (equation 5) counts U unique tokens seen for E
+  epochs as worth U (1 + R* (1 - exp(-(E - 1) / R*))) unique ones, R* = 15.4: at 60 epochs 98 % of what the
+  data can ever be worth is reached, so a plan past `MAX_PLANNED_EPOCHS` spends its compute on data worth
+  nothing more, and is refused.
 
 The shape family. `shape(layers, ...)` builds a Llama-style `PretrainConfig`: width about `aspect` x layers
 (default 96, between nanochat's 64 and Llama 2 7B's 128: Kaplan et al. 2020, arXiv 2001.08361, figure 5,
@@ -43,6 +46,7 @@ from ..modeling.configuration import PretrainConfig
 
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
 MAX_USEFUL_EPOCHS = 4.0
+MAX_PLANNED_EPOCHS = 60.0  # Muennighoff et al.'s R* = 15.4: 1 - exp(-59 / 15.4) = 98 % of the data's worth
 DEFAULT_ASPECT = 96
 LAYERS = range(2, 161)  # 2 layers (a few M parameters) to 160 (hundreds of B at the default aspect)
 
