@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from .launch import parse_launch, read_launch_file
+from .launch import PROGRESS_S, Interrupted, interrupted_by_signals, parse_launch, read_launch_file
 from .report import checklist, write_markdown
 from .run import RehearsalRequest, rehearse
 
@@ -35,6 +36,12 @@ def cli(argv: list[str]) -> int:
     parser.add_argument(
         "--no-recovery", action="store_true", help="skip the two runs with restarts (killed, hung rank): ~2 min less"
     )
+    parser.add_argument(
+        "--progress-seconds",
+        type=float,
+        default=PROGRESS_S,
+        help=f"seconds between two lines of a run's progress (default {PROGRESS_S:g})",
+    )
     at = next((i for i in range(len(argv)) if argv[i : i + 2] == ["accelerate", "launch"]), len(argv))
     args, launch = parser.parse_args(argv[:at]), argv[at:]  # the launch's own flags never reach this parser
     if args.launch_file:
@@ -54,8 +61,14 @@ def cli(argv: list[str]) -> int:
         dataset_path=args.dataset_path,
         timeout_s=args.timeout,
         recovery=not args.no_recovery,
+        progress_s=args.progress_seconds,
     )
-    rehearsal = rehearse(request)
+    try:
+        with interrupted_by_signals():  # SIGTERM / SIGINT / SIGHUP: the launch's whole tree ends with the rehearsal
+            rehearsal = rehearse(request)
+    except Interrupted as stop:
+        print(f"hf-pretrain rehearse: stopped by {stop}; no process of the launch is left running.", file=sys.stderr)
+        return 128 + stop.signum
     write_markdown(rehearsal)
     print(checklist(rehearsal))
     return 0 if rehearsal.passed else 1

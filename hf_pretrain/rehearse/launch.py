@@ -13,7 +13,12 @@ machines) and changes only what a CPU needs:
 
 `run_launch` starts a run, its output in one log, every process in its own session, and bounds it:
 a run whose ranks all finished training but that does not exit is a hang (reported, then killed);
-after the planted SIGKILL the launch must tear down within `teardown_s`.
+after the planted SIGKILL the launch must tear down within `teardown_s`. While it waits it prints
+what it waits for every `progress_s` (the ranks' step, read from their records; the launch's last
+log line before any rank trains). Whatever ends it (its end, a hang, an error, SIGTERM / SIGINT /
+SIGHUP turned into `Interrupted` by `interrupted_by_signals`), it leaves no process behind: every
+process seen under a launcher is killed with its process group (torchrun starts each worker in a
+session of its own, so the launcher's group alone would leave the ranks running under PID 1).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +41,8 @@ import yaml
 
 PROBE = Path(__file__).with_name("probe.py")
 POLL_S = 0.5
+PROGRESS_S = 10.0  # seconds between two lines saying what a run waits for
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what ends a rehearsal early, and its launches with it
 ERROR = re.compile(r"^([\w.]*(Error|Exception)\b|error:)")
 
 
@@ -200,11 +208,20 @@ def build_deepspeed_ops(timeout_s: float = 1200.0) -> None:
     for lock in Path(env["TORCH_EXTENSIONS_DIR"]).glob("*/lock"):
         if time.time() - lock.stat().st_mtime > timeout_s:
             lock.unlink(missing_ok=True)
-    result = subprocess.run(
-        [sys.executable, "-c", BUILD_DEEPSPEED_OPS], env=env, capture_output=True, text=True, timeout=timeout_s
+    process = subprocess.Popen(
+        [sys.executable, "-c", BUILD_DEEPSPEED_OPS],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
-    if result.returncode != 0:
-        error = (result.stderr.strip().splitlines() or ["?"])[-1]
+    try:
+        _, stderr = process.communicate(timeout=timeout_s)
+    finally:
+        _stop([process])  # its compilers too, on a timeout or a signal
+    if process.returncode != 0:
+        error = (stderr.strip().splitlines() or ["?"])[-1]
         raise RuntimeError(f"DeepSpeed's CPU comm op does not build here: {error}")
 
 
@@ -273,18 +290,112 @@ def read_records(record_dir: Path) -> list[dict]:
     return sorted(records, key=lambda r: r["rank"])
 
 
-def _stop(processes: list[subprocess.Popen]) -> None:
-    """SIGKILL each launcher and every process under it (torchrun starts its workers in their own sessions)."""
+class Interrupted(BaseException):
+    """SIGTERM, SIGINT or SIGHUP reached the rehearsal: raised in its main thread so every `finally` runs (a
+    BaseException, like KeyboardInterrupt, so that no `except Exception` swallows it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interrupted_by_signals(signals=SIGNALS):
+    """Turn `signals` into `Interrupted` inside the block (main thread only); the former handlers after it."""
+
+    def handler(signum, frame):
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Hold SIGTERM / SIGINT / SIGHUP back (delivered at the block's end): a launcher started but not yet in the
+    list, or a second signal in the middle of the clean-up, would leave processes behind."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def descendants(processes: list[subprocess.Popen]) -> list:
+    """Every live process under the launchers still running (psutil, which tells a reused PID apart)."""
     import psutil  # a dependency of accelerate
 
+    found = []
     for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            tree = psutil.Process(process.pid).children(recursive=True)
-            for child in [psutil.Process(process.pid), *tree]:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    child.kill()
+        if process.poll() is None:  # not reaped: its PID is still this launcher's
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found += psutil.Process(process.pid).children(recursive=True)
+    return found
+
+
+def _stop(processes: list[subprocess.Popen], seen=()) -> None:
+    """SIGKILL each launcher still running, every process under it or `seen` under it before (an orphan whose
+    launcher exited), and the process group of each (torchrun starts its workers in their own sessions; a
+    worker's own children share its group), then reap the launchers."""
+    with signals_held():
+        _kill_all(processes, seen)
+
+
+def _kill_all(processes: list[subprocess.Popen], seen) -> None:
+    import psutil
+
+    own_group = os.getpgrp()
+    tree = [*seen, *descendants(processes)]
+    groups = {process.pid for process in processes if process.poll() is None}  # start_new_session: pgid == pid
+    for child in tree:
+        with contextlib.suppress(psutil.Error, OSError):
+            if child.is_running():
+                groups.add(os.getpgid(child.pid))
+    for group in groups - {own_group}:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+    for child in tree:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
     for process in processes:
         process.wait()
+
+
+def latest_records(record_dir: Path) -> tuple[list[dict], int | None]:
+    """The ranks' records of a run so far: its newest attempt's under a launch with restarts (and that attempt's
+    number), else the run's own."""
+    attempts = sorted(record_dir.glob("attempt*"), key=lambda p: int(p.name.removeprefix("attempt")))
+    if attempts:
+        return read_records(attempts[-1]), int(attempts[-1].name.removeprefix("attempt"))
+    return read_records(record_dir), None
+
+
+def waiting_for(records: list[dict], attempt: int | None, world_size: int, log: Path, fault: dict | None) -> str:
+    """What a running launch waits for, in words: its ranks' step (their records), the planted fault's outcome, or,
+    before any rank trains, the launch's last log line. `attempt`: None without restarts."""
+    if fault and not attempt:  # planted in this launch (the first attempt of one with restarts)
+        if fault.get("kind") == "stop":
+            what, then = "stopped", "the hang watchdog to notice and the launch to restart the ranks"
+        else:
+            what, then = "killed", "the launch to " + ("restart the ranks" if attempt is not None else "tear down")
+        return f"rank {fault['rank']} {what} in step {fault['step']} (planted); waiting for {then}"
+    where = f"attempt {attempt}: " if attempt else ""
+    if not records:
+        return f"{where}waiting for the ranks to start training (the launch's last line: {_last_line(log)})"
+    if len(records) == world_size and all(r["finished"] for r in records):
+        return f"{where}every rank finished training; waiting for the script (its final save) and the launch to end"
+    step = max(max(map(int, r["losses"]), default=r.get("start_step", 0)) for r in records)
+    return f"{where}step {step} of {records[0].get('max_steps', '?')} ({len(records)} of {world_size} ranks reporting)"
+
+
+def _last_line(log: Path) -> str:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:120] if lines else "none yet"
 
 
 def run_launch(
@@ -297,38 +408,62 @@ def run_launch(
     exit_grace_s: float = 120.0,
     teardown_s: float = 90.0,
     env: dict[str, str] | None = None,
+    progress_s: float = PROGRESS_S,
 ) -> RunResult:
     """Run one launch to its end, or stop it: past `timeout_s`, `exit_grace_s` after every rank finished training
-    without exiting, or `teardown_s` after the planted SIGKILL without the launchers exiting."""
+    without exiting, or `teardown_s` after the planted SIGKILL without the launchers exiting. Every `progress_s`
+    a line says what it waits for. No process of the launch outlives it, whatever ends it."""
     record_dir.mkdir(parents=True, exist_ok=True)
     start, hung, killed_at, finished_at = time.time(), None, None, None
-    with log.open("w") as out:
-        processes = [
-            subprocess.Popen(
-                c, stdout=out, stderr=subprocess.STDOUT, env={**environment(), **(env or {})}, start_new_session=True
-            )
-            for c in commands
-        ]
-        while any(p.poll() is None for p in processes):
-            time.sleep(POLL_S)
-            now = time.time()
-            killed_file = record_dir / "killed.json"
-            if killed_at is None and killed_file.exists():
-                killed_at = now
-            records = read_records(record_dir)
-            if finished_at is None and len(records) == world_size and all(r["finished"] for r in records):
-                finished_at = now
-            if killed_at is not None and now - killed_at > teardown_s:
-                hung = f"the launch did not tear down within {teardown_s:.0f} s after a rank was killed"
-            elif finished_at is not None and now - finished_at > exit_grace_s:
-                hung = f"every rank finished training but the launch had not exited {exit_grace_s:.0f} s later"
-            elif now - start > timeout_s:
-                hung = f"the run did not end within {timeout_s:.0f} s"
-            if hung:
-                _stop(processes)
-                break
-    end = time.time()
-    killed = json.loads((record_dir / "killed.json").read_text()) if (record_dir / "killed.json").exists() else None
+    processes: list[subprocess.Popen] = []
+    seen: list = []
+    last_line = start
+    try:
+        with log.open("w") as out:
+            for command in commands:
+                with signals_held():  # a launcher started is a launcher in the list
+                    processes.append(
+                        subprocess.Popen(
+                            command,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            env={**environment(), **(env or {})},
+                            start_new_session=True,
+                        )
+                    )
+            while any(p.poll() is None for p in processes):
+                time.sleep(POLL_S)
+                seen += [p for p in descendants(processes) if p not in seen]
+                now = time.time()
+                killed_file = record_dir / "killed.json"
+                if killed_at is None and killed_file.exists():
+                    killed_at = now
+                records, attempt = latest_records(record_dir)
+                if finished_at is None and len(records) == world_size and all(r["finished"] for r in records):
+                    finished_at = now
+                if now - last_line >= progress_s:
+                    fault = _read_json(killed_file) or _read_json(record_dir / "fault.json")
+                    state = waiting_for(records, attempt, world_size, log, fault)
+                    print(f"[rehearse] {name}: {now - start:.0f} s, {state}", flush=True)
+                    last_line = now
+                if killed_at is not None and now - killed_at > teardown_s:
+                    hung = f"the launch did not tear down within {teardown_s:.0f} s after a rank was killed"
+                elif finished_at is not None and now - finished_at > exit_grace_s:
+                    hung = f"every rank finished training but the launch had not exited {exit_grace_s:.0f} s later"
+                elif now - start > timeout_s:
+                    hung = f"the run did not end within {timeout_s:.0f} s"
+                if hung:
+                    break
+        end = time.time()
+    finally:
+        _stop(processes, seen)
+    killed = _read_json(record_dir / "killed.json")
     teardown = end - killed["time"] if killed and not hung else None
     codes = [p.returncode for p in processes]
     return RunResult(name, codes, end - start, log, read_records(record_dir), hung, killed, teardown)
+
+
+def _read_json(path: Path) -> dict | None:
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        return json.loads(path.read_text())
+    return None

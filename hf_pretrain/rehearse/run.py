@@ -13,6 +13,10 @@
    to `HANG_FLAGS`), the launcher restart, the run resume.
 Each run's ranks write their records (probe.py) under OUT/runs/<run>/probe, the launch's output in
 OUT/runs/<run>/launch.log, the script's output_dir is OUT/runs/<run>/run.
+
+On the console (`say`): a line as each stage (the tiny model, DeepSpeed's op build, each run) starts and
+ends, and, every `progress_s` while a run goes on, what it waits for (`launch.run_launch`); the checklist
+follows at the end.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import yaml
 from . import checks
 from .launch import (
     PROBE,
+    PROGRESS_S,
     RunResult,
     Topology,
     UserLaunch,
@@ -53,6 +58,7 @@ class RehearsalRequest:
     dataset_path: str | None = None
     timeout_s: float = 300.0
     recovery: bool = True  # the restarted and hung runs
+    progress_s: float = PROGRESS_S  # seconds between two lines of a run's progress
 
     def __post_init__(self):
         if self.save_steps < 1 or self.steps < 2 * self.save_steps:
@@ -83,9 +89,25 @@ class Rehearsal:
 HANG_FLAGS = ["--hang_timeout_min_s", "20", "--hang_timeout_floor_s", "120"]
 
 
+def say(line: str) -> None:
+    print(f"[rehearse] {line}", flush=True)
+
+
+RUNS = {  # what each run does, said as it starts
+    "straight": "the launch as given: rendezvous, data sharding, checkpoints, the final save",
+    "killed": "the same, the last rank SIGKILLed in step {kill_at}: the launch must tear down",
+    "resumed": "the killed run resumed from {checkpoint}: the straight run's samples and losses",
+    "restarted": "one restart allowed, the last rank SIGKILLed in step {kill_at}: it must restart and resume",
+    "hung": "one restart allowed, the last rank SIGSTOPped in step {kill_at}: the watchdog must notice",
+}
+
+
 def _run(request: RehearsalRequest, topology: Topology, name: str, run_dir: Path, kill_at, extra=(), restarts=False):
     """One launch; with `restarts` it may run twice (a restart after the fault), so it gets twice the time."""
     folder = request.out / "runs" / name
+    checkpoint = next((v for f, v in zip(extra, extra[1:]) if f == "--resume_from_checkpoint"), "")
+    what = RUNS[name].format(kill_at=request.kill_at, checkpoint=Path(checkpoint).name)
+    say(f"{name}: started: {what} ({topology.processes} processes; log {folder / 'launch.log'})")
     args, _ = script_arguments(
         request.launch.script_args,
         run_dir,
@@ -100,7 +122,11 @@ def _run(request: RehearsalRequest, topology: Topology, name: str, run_dir: Path
     commands = launch_commands(topology, request.out / "accelerate_config.yaml", target, restarts)
     env = restart_environment(topology) if restarts else None
     timeout = request.timeout_s * (2 if restarts else 1)
-    return run_launch(name, commands, folder / "probe", folder / "launch.log", topology.processes, timeout, env=env)
+    log, probe = folder / "launch.log", folder / "probe"
+    result = run_launch(name, commands, probe, log, topology.processes, timeout, env=env, progress_s=request.progress_s)
+    stopped = f"; stopped: {result.hung}" if result.hung else ""
+    say(f"{name}: ended in {result.seconds:.0f} s, exit codes {result.returncodes}{stopped}")
+    return result
 
 
 def _recovery_runs(request: RehearsalRequest, topology: Topology) -> list[RunResult]:
@@ -130,11 +156,15 @@ def rehearse(request: RehearsalRequest) -> Rehearsal:
     (out / "accelerate_config.yaml").write_text(yaml.safe_dump(topology.config, sort_keys=False))
     model = "as given (--keep-model)"
     if not request.keep_model:
+        say(f"model: writing the launch's model at rehearsal size to {out / 'model'}")
         _, model = write_tiny_model(request.launch.script_args, request.seq_len, out / "model")
+        say(f"model: {model}")
     _, notes = script_arguments(request.launch.script_args, out, 1, 1, None, None, out, request.dataset_path)
     rehearsal = Rehearsal(request, topology, model, topology.notes + notes + request.launch.ignored)
     if topology.deepspeed_file is not None:
-        build_deepspeed_ops()  # once per Python environment; not counted against the runs' time limit
+        say("DeepSpeed: building its CPU comm op (once per Python environment; minutes the first time)")
+        build_deepspeed_ops()  # not counted against the runs' time limit
+        say("DeepSpeed: its CPU comm op is built")
 
     straight = _run(request, topology, "straight", out / "runs" / "straight" / "run", 0)
     killed_dir = out / "runs" / "killed" / "run"
@@ -151,6 +181,7 @@ def rehearse(request: RehearsalRequest) -> Rehearsal:
         rehearsal.runs.append(resumed)
     recovery = _recovery_runs(request, topology) if request.recovery else []
     rehearsal.runs += recovery
+    say("checks: reading the runs' records")
     rehearsal.checks = [
         checks.rendezvous(straight, topology),
         checks.data_sharding(straight, topology),

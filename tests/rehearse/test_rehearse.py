@@ -1,6 +1,8 @@
 """`hf-pretrain rehearse`: the launch made small (fast tests), and real rehearsals of the shipped accelerate configs
 (which must pass) and of planted faults (which must fail with the right reason): slow, several gloo processes."""
 
+import contextlib
+import re
 import shlex
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import yaml
 from hf_pretrain import get_preset
 from hf_pretrain.rehearse import RehearsalRequest, rehearse
 from hf_pretrain.rehearse.checks import data_sharding, hang_recovery, resume, unattended_recovery
-from hf_pretrain.rehearse.launch import RunResult, parse_launch, read_launch_file, rehearsal_config
+from hf_pretrain.rehearse.launch import RunResult, parse_launch, read_launch_file, rehearsal_config, waiting_for
 from hf_pretrain.rehearse.report import checklist, write_markdown
 from hf_pretrain.rehearse.shrink import flag_value, script_arguments, tiny_config
 from hf_pretrain.training.recovery.attempts import Attempt, write_attempts
@@ -256,3 +258,85 @@ def test_the_command_line_leaves_the_launch_flags_to_the_launch(capsys):
     assert "--config_file nowhere.yaml: no such file" in capsys.readouterr().err
     assert main(["rehearse", "--out", "x"]) == 2
     assert "no launch given" in capsys.readouterr().err
+
+
+# What a rehearsal prints while it waits, and a SIGTERM in the middle of one
+
+
+def test_the_waiting_line_says_the_step_the_fault_or_the_launch_s_last_line(tmp_path):
+    log = tmp_path / "launch.log"
+    log.write_text("W1207 some warning\n[data] 07-pack:   0%|\n\n")
+    assert waiting_for([], None, 2, log, None) == (
+        "waiting for the ranks to start training (the launch's last line: [data] 07-pack:   0%|)"
+    )
+    training = [_record(0, {1: [0], 2: [1]}, max_steps=6, finished=False), _record(1, {1: [2]}, finished=False)]
+    assert waiting_for(training, None, 2, log, None) == "step 2 of 6 (2 of 2 ranks reporting)"
+    assert waiting_for(training[:1], 1, 2, log, None) == "attempt 1: step 2 of 6 (1 of 2 ranks reporting)"
+    done = [_record(0, {1: [0]}), _record(1, {1: [2]})]
+    assert waiting_for(done, None, 2, log, None) == (
+        "every rank finished training; waiting for the script (its final save) and the launch to end"
+    )
+    fault = {"rank": 1, "step": 5, "kind": "stop"}
+    assert waiting_for(training, 0, 2, log, fault) == (
+        "rank 1 stopped in step 5 (planted); waiting for the hang watchdog to notice and the launch to restart the ranks"
+    )
+    assert "killed in step 5 (planted); waiting for the launch to tear down" in waiting_for(
+        training, None, 2, log, {**fault, "kind": "kill"}
+    )
+
+
+@pytest.mark.distributed
+def test_a_sigterm_ends_the_rehearsal_and_every_process_of_its_launch(tmp_path):
+    """`timeout 150 hf-pretrain rehearse ...` left `accelerate launch` and both ranks running under PID 1. Here: the
+    real command, SIGTERMed once both ranks of its first run are up and it has said what it waits for (a line a
+    second); it must exit 143 and no process of its tree may survive it."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    import psutil
+
+    command = [sys.executable, "-m", "hf_pretrain.cli", "rehearse", "--out", str(tmp_path), "--steps", "6",
+               "--save-steps", "2", "--kill-at", "5", "--no-recovery", "--progress-seconds", "1",
+               "accelerate", "launch", "--config_file", str(CONFIGS / "cpu_2proc.yaml"), "examples/pretrain.py"]  # fmt: skip
+    rehearsal = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: [lines.append(line) for line in rehearsal.stdout], daemon=True).start()
+    tree: set = set()
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and rehearsal.poll() is None:
+            with contextlib.suppress(psutil.Error):  # the rehearsal may have ended: the assertion below says so
+                tree |= set(psutil.Process(rehearsal.pid).children(recursive=True))
+            ranks = [p for p in tree if _is_rank(p)]
+            waited = [line for line in lines if re.match(r"\[rehearse\] straight: \d+ s, ", line)]
+            if len(ranks) == 2 and len(waited) >= 2:
+                break
+            time.sleep(0.2)
+        assert len(ranks) == 2 and len(waited) >= 2, "".join(lines) + rehearsal.stderr.read()
+        assert lines[0].startswith("[rehearse] model: writing") and any("straight: started: " in x for x in lines)
+        seconds = [int(re.search(r": (\d+) s, ", line).group(1)) for line in waited]
+        assert seconds == sorted(seconds) and len(set(seconds)) == len(seconds)  # a line a second, each later
+        survivors = [p for p in tree if p.is_running()]
+        assert len(survivors) >= 3  # the launcher and both ranks, when the signal goes
+        rehearsal.send_signal(signal.SIGTERM)
+        assert rehearsal.wait(timeout=60) == 128 + signal.SIGTERM
+        assert "stopped by SIGTERM; no process of the launch is left running" in rehearsal.stderr.read()
+        _, alive = psutil.wait_procs(survivors, timeout=10)
+        assert alive == [], [p.cmdline() for p in alive]
+    finally:  # a failed test leaves nothing running either
+        rehearsal.kill()
+        for process in tree:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+
+
+def _is_rank(process) -> bool:
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        line = " ".join(process.cmdline())
+        return process.is_running() and "probe.py" in line and "accelerate.commands.launch" not in line
+    return False
