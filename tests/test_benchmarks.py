@@ -118,3 +118,9 @@ def test_failure_exchange_benchmark_times_the_three_loops_on_gloo_ranks(capsys):
     results = load("failure_exchange").main(["--ranks", "2", "--steps", "3", "--rounds", "1", "--width", "64"])
     assert set(results) == {2} and {"none", "in flight", "per micro-batch"} <= set(results[2])
     assert results[2]["ratio"] > 0 and "2 gloo ranks: none" in capsys.readouterr().out
+
+
+def test_writer_gil_benchmark_times_both_writers(tmp_path, capsys):
+    results = load("writer_gil").main(["--gib", "0.01", "--dir", str(tmp_path)])
+    assert set(results) == {"torch.save", "safetensors save_file"} and all(t > 0 for t, _ in results.values())
+    assert "the main thread's longest wait" in capsys.readouterr().out and not list(tmp_path.iterdir())

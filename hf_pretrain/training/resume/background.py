@@ -56,6 +56,7 @@ from torch.utils._pytree import tree_leaves
 from transformers.utils import logging
 
 from ..private import patched, staging_stream, weight_files_patched
+from .store import fsync_file
 
 logger = logging.get_logger(__name__)
 
@@ -255,6 +256,8 @@ class BackgroundSaves:
         try:
             for write in writes:
                 write.run()
+                if os.path.isfile(write.path):  # this rank flushes its own files (DCP's writer flushes its own)
+                    fsync_file(write.path)
         except BaseException as failure:  # every failure is reported at the next step
             error = failure
         error, failed = self._failed_ranks(error)
