@@ -37,9 +37,10 @@ def train_step(model, optimizer, ids, hold_update_s: float = 0.0) -> None:
     optimizer.zero_grad(set_to_none=False)
 
 
-def save(model, optimizer, folder) -> None:
-    torch.save(model.state_dict(), folder / "model.pt")
-    torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+def save(model, optimizer, folder, torch_save=torch.save) -> None:
+    """The two files of the check; `torch_save`: a save's `DeferredWriter.torch_save` for the asynchronous ones."""
+    torch_save(model.state_dict(), folder / "model.pt")
+    torch_save(optimizer.state_dict(), folder / "optimizer.pt")
 
 
 def same(a, b) -> bool:
@@ -75,13 +76,13 @@ def run(ctx: Context) -> dict:
 
     # the race: the update still queued on the device when the copy is asked for
     train_step(model, optimizer, ids, hold_update_s=0.2 if ctx.cuda else 0.0)
-    with saves.deferred_writes(stepped_storages(model, optimizer)) as writes:
-        save(model, optimizer, folders["raced"])
+    with saves.deferred_writes(stepped_storages(model, optimizer)) as writer:
+        save(model, optimizer, folders["raced"], writer.torch_save)
     beside = len(saves._copies)  # the copies that run beside the step (both objects, on a torch optimizer)
     sync(ctx.device)
     own_step = {"model.pt": cpu(model.state_dict()), "optimizer.pt": cpu(optimizer.state_dict())}
     train_step(model, optimizer, ids)  # the update waits for the copy
-    for write in writes:
+    for write in writer.writes:
         write.run()
     load = lambda folder, name: torch.load(folder / name, map_location="cpu", weights_only=True)  # noqa: E731
     equal = all(same(load(folders["raced"], n), own_step[n]) for n in own_step)
@@ -93,9 +94,9 @@ def run(ctx: Context) -> dict:
 
     def second_save() -> None:
         with saves.deferred_writes(stepped_storages(model, optimizer)) as second:
-            save(model, optimizer, folders["second"])
+            save(model, optimizer, folders["second"], second.torch_save)
         train_step(model, optimizer, ids)
-        pending.extend(second)
+        pending.extend(second.writes)
 
     pending: list = []
     with_save_s = synchronised(ctx, second_save)

@@ -25,8 +25,10 @@ shards anything. Two gaps are closed, both small:
 - **Asynchronous sharded saves.** accelerate gets a sharded state dict with `offload_to_cpu` (its default): on a
   GPU a blocking device-to-host copy into unpinned memory, on the training thread, of every shard. An asynchronous
   save (`resume/background.py`) stages the state itself, into pinned buffers it reuses, beside the next step: with
-  the offload on the state would be copied twice (and held twice in host memory). `device_state_dicts()` turns the
-  offload off for the duration of an asynchronous save, so DCP's stager makes the only copy.
+  the offload on the state would be copied twice (and held twice in host memory). `sharded_state_writes()` takes
+  the state on the device (`cpu_offload=False`) in accelerate's layout and hands it to the save's writer, so DCP's
+  stager makes the only copy (the ~20 lines of accelerate's sharded branch, written again for that one option and
+  the writer).
 
 Written by hand: a two-line accelerate gap, not a feature a library offers (checked: accelerate
 1.15, transformers 5.24).
@@ -88,19 +90,41 @@ def sharded_saves(trainer) -> bool:
     return is_fsdp2(trainer) and "SHARDED_STATE_DICT" in str(trainer.accelerator.state.fsdp_plugin.state_dict_type)
 
 
-@contextlib.contextmanager
-def device_state_dicts(trainer):
-    """Inside: accelerate's sharded FSDP2 state dicts stay on the device (`offload_to_cpu` off), for a save whose
-    own stager copies them to the host. Nothing changes for any other kind of run."""
-    config = trainer.accelerator.state.fsdp_plugin.state_dict_config if sharded_saves(trainer) else None
-    offload = getattr(config, "offload_to_cpu", False)
-    if offload:
-        config.offload_to_cpu = False
-    try:
-        yield
-    finally:
-        if offload:
-            config.offload_to_cpu = True
+def sharded_state_writes(trainer, writer):
+    """transformers.trainer's `save_fsdp_model` / `save_fsdp_optimizer` for an asynchronous save of sharded FSDP2
+    state: accelerate's layout (`pytorch_model_fsdp_<i>/`, `optimizer_<i>/`: DCP folders its loader reads), the
+    state taken on the device (no `cpu_offload`: the writer's stager makes the one, pinned, host copy) and handed to
+    `writer.dcp_save`. (None, None) for any other run; a PEFT model's adapter-only or a non-DCP save goes to
+    accelerate's own."""
+    if not sharded_saves(trainer):
+        return None, None
+    import torch.distributed.checkpoint.state_dict as dcp_state
+    from accelerate.utils import save_fsdp_model, save_fsdp_optimizer
+    from accelerate.utils.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME
+    from accelerate.utils.modeling import is_peft_model
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    options = dcp_state.StateDictOptions(full_state_dict=False, cpu_offload=False)
+
+    def write(state: dict, folder: str) -> None:
+        os.makedirs(folder, exist_ok=True)
+        writer.dcp_save(state, storage_writer=FileSystemWriter(folder), planner=DefaultSavePlanner())
+
+    def model_save(plugin, accelerator, model, output_dir, model_index=0, adapter_only=False, use_dcp=True):
+        if (adapter_only and is_peft_model(model)) or not use_dcp:  # transformers asks adapter_only for any model
+            return save_fsdp_model(plugin, accelerator, model, output_dir, model_index, adapter_only, use_dcp)
+        state = dcp_state.get_model_state_dict(model, options=options)
+        write({"model": state}, os.path.join(output_dir, f"{FSDP_MODEL_NAME}_{model_index}"))
+
+    def optimizer_save(plugin, accelerator, optimizer, model, output_dir, optimizer_index=0, use_dcp=True):
+        if not use_dcp:
+            return save_fsdp_optimizer(plugin, accelerator, optimizer, model, output_dir, optimizer_index, use_dcp)
+        inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
+        state = dcp_state.get_optimizer_state_dict(model, inner, options=options)
+        write({"optimizer": state}, os.path.join(output_dir, f"{OPTIMIZER_NAME}_{optimizer_index}"))
+
+    return model_save, optimizer_save
 
 
 def save_config(trainer, output_dir: str) -> None:

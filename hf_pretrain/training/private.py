@@ -45,6 +45,10 @@ PRIVATE_SURFACE = (
     "transformers.trainer.rotate_checkpoints",
     "transformers.trainer.skip_first_batches",
     "transformers.modeling_utils.safe_save_file",
+    "transformers.trainer.torch",
+    "transformers.trainer.safetensors",
+    "transformers.trainer.save_fsdp_model",
+    "transformers.trainer.save_fsdp_optimizer",
 )
 # accelerate's and DCP's private names (read from accelerate 1.16 and torch 2.13), checked at import as well
 OTHER_PRIVATE_SURFACE = (
@@ -130,10 +134,45 @@ def batch_skipping_off():
     return patched(hf_trainer, "skip_first_batches", lambda dataloader, num_batches=0: dataloader)
 
 
-def weight_files_patched(save_file):
-    """`save_pretrained` writes each weight file with the safetensors `save_file` that transformers.modeling_utils
-    imported as `safe_save_file`: `save_file` writes them inside the block (an asynchronous save defers them)."""
-    return patched(hf_modeling, "safe_save_file", save_file)
+class Delegate:
+    """A module seen through one module's global name, with some attributes replaced (the module itself unchanged)."""
+
+    def __init__(self, module, **replaced):
+        self._module = module
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name: str):
+        return getattr(self._module, name)
+
+
+@contextlib.contextmanager
+def writes_routed(writer, save_fsdp_model=None, save_fsdp_optimizer=None):
+    """Inside: the files `Trainer._save_checkpoint` writes go to `writer` (an asynchronous save's `DeferredWriter`):
+    transformers.trainer's `torch.save` (optimizer, scheduler, RNG, arguments) and `safetensors.torch.save_file`,
+    transformers.modeling_utils' `safe_save_file` (the weights of `save_pretrained`) and, given, the FSDP saves
+    transformers.trainer imported from accelerate. Only those modules' global names change, for this one call:
+    `torch.save` stays `torch.save` for every other caller (a user callback's file is written when it asks)."""
+    import safetensors
+    import torch
+
+    routes = [
+        patched(hf_trainer, "torch", Delegate(torch, save=writer.torch_save)),
+        patched(
+            hf_trainer,
+            "safetensors",
+            Delegate(safetensors, torch=Delegate(safetensors.torch, save_file=writer.save_file)),
+        ),
+        patched(hf_modeling, "safe_save_file", writer.save_file),
+    ]
+    if save_fsdp_model is not None:
+        routes += [
+            patched(hf_trainer, "save_fsdp_model", save_fsdp_model),
+            patched(hf_trainer, "save_fsdp_optimizer", save_fsdp_optimizer),
+        ]
+    with contextlib.ExitStack() as stack:
+        for route in routes:
+            stack.enter_context(route)
+        yield
 
 
 def save_weights(trainer: Trainer, output_dir: str, state_dict) -> None:

@@ -48,19 +48,19 @@ def parameters_digest(trainer) -> str:
 
 
 def record_state_dict_offload() -> list[bool]:
-    """The `cpu_offload` of every FSDP2 state dict options accelerate builds for a save (appended as they come)."""
-    import accelerate.utils.fsdp_utils as fsdp_utils
+    """The `cpu_offload` of every state dict DCP is asked for (model and optimizer; appended as they come)."""
+    import torch.distributed.checkpoint.state_dict as dcp_state
 
     seen: list[bool] = []
-    build = fsdp_utils._prepare_sd_options
+    for name in ("get_model_state_dict", "get_optimizer_state_dict"):
+        get = getattr(dcp_state, name)
 
-    def recorded(plugin):
-        options = build(plugin)
-        if options is not None:
-            seen.append(options.cpu_offload)
-        return options
+        def recorded(*args, _get=get, **kwargs):
+            options = kwargs.get("options")
+            seen.append(getattr(options, "cpu_offload", None))
+            return _get(*args, **kwargs)
 
-    fsdp_utils._prepare_sd_options = recorded
+        setattr(dcp_state, name, recorded)
     return seen
 
 
@@ -100,7 +100,7 @@ def main(
     if trainer.checkpointing.background is not None:  # the last save's host copy, and the guard's estimate of it
         saves = trainer.checkpointing
         record["staged"] = [saves.background.staged_total, saves.staged_estimate]
-    record["state_dict_offload"] = offloads  # accelerate's cpu_offload of each sharded state dict the saves took
+    record["state_dict_offload"] = list(offloads)  # cpu_offload of each state dict train()'s saves took
     record["optimizer"] = type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__
     record["gradient_checkpointing"] = trainer.model.is_gradient_checkpointing
     probe = data[:2]

@@ -7,8 +7,6 @@ import os
 import time
 from pathlib import Path
 
-import torch
-
 from hf_pretrain import PretrainTrainer
 
 SLOW_SAVE_STARTED = "slow-save.started"  # written into a held save's folder once its weights are written
@@ -93,4 +91,4 @@ class WriteFaultTrainer(PretrainTrainer):
         if self.write_fault is not None:
             at, rank, fault = self.write_fault
             if self.state.global_step == at and self.args.process_index == rank:
-                torch.save(fault, os.path.join(output_dir, "write-fault.pt"))
+                self.checkpointing.torch_save(fault, os.path.join(output_dir, "write-fault.pt"))  # with the save

@@ -26,7 +26,7 @@ STEPS, SAVE_STEPS = 6, 2
 BACKGROUND = background.__file__
 
 
-def run(out, async_checkpoint=True, write_fault=None, callbacks=(), steps=STEPS, **extra):
+def run(out, async_checkpoint=True, write_fault=None, callbacks=(), steps=STEPS, trainer_class=None, **extra):
     torch.manual_seed(0)
     data = torch.randint(3, 500, (48, 16), generator=torch.Generator().manual_seed(1))
     args = quick_args(
@@ -44,7 +44,7 @@ def run(out, async_checkpoint=True, write_fault=None, callbacks=(), steps=STEPS,
     )
     model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=1))
     dataset = Dataset.from_dict({"input_ids": data.tolist(), "labels": data.tolist()})
-    trainer = WriteFaultTrainer(
+    trainer = (trainer_class or WriteFaultTrainer)(
         model=model, args=args, train_dataset=dataset, write_fault=write_fault, callbacks=list(callbacks)
     )
     return trainer, trainer.train()
@@ -159,3 +159,25 @@ def test_rotation_waits_until_the_newer_checkpoint_is_complete(tmp_path):
     run(tmp_path, write_fault=(2 * SAVE_STEPS, 0, fault), callbacks=[Look()], save_total_limit=1)
     assert seen == {"during": ["checkpoint-2"], "writing": True}  # the older one kept while the newer is written
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [f"checkpoint-{STEPS}"]
+
+
+def test_an_async_save_replaces_no_function_of_torch_safetensors_or_dcp(tmp_path):
+    """The save hands its files to an explicit writer: inside the Trainer's save, `torch.save`, safetensors'
+    `save_file` and DCP's `save` are still the libraries' own for every other caller (they were replaced for the
+    whole process while a save was staged), and a file a subclass writes with plain `torch.save` is on disk at once."""
+    import safetensors.torch
+    import torch.distributed.checkpoint as dcp
+
+    originals = (torch.save, safetensors.torch.save_file, dcp.save)
+    seen = []
+
+    class Looking(WriteFaultTrainer):
+        def _save_optimizer_and_scheduler(self, output_dir):
+            super()._save_optimizer_and_scheduler(output_dir)
+            seen.append((torch.save, safetensors.torch.save_file, dcp.save))
+            torch.save({"mine": 1}, os.path.join(output_dir, "own.pt"))  # not the checkpoint's: written now
+            seen.append(os.path.exists(os.path.join(output_dir, "own.pt")))
+
+    trainer, _ = run(tmp_path, trainer_class=Looking)
+    assert trainer.checkpointing.background is not None  # the saves were asynchronous
+    assert seen and all(s == originals for s in seen[0::2]) and all(seen[1::2]), seen

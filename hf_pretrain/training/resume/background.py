@@ -1,10 +1,12 @@
 """Asynchronous checkpoints: the training loop waits only for the state to be copied into host memory.
 
 A save still runs the Trainer's own `_save_checkpoint` into the staging folder (`checkpointing.py`), but its large
-writes are deferred: every `torch.save` (optimizer, scheduler, RNG, DeepSpeed's shards), the safetensors weight
-files and DCP's `save` (FSDP2's sharded state) receive a copy of their objects in host memory, made by DCP's
-`DefaultStager` (the buffers kept and reused from one save to the next; pinned, and copied without blocking, where
-CUDA is present), and one background thread per rank writes them.
+writes are deferred: the checkpoint code hands them to an explicit writer (`DeferredWriter`: the Trainer's
+`torch.save` calls of the optimizer, scheduler, RNG and arguments, its safetensors weight files, DeepSpeed's
+checkpoint engine, DCP's `save` of FSDP2's sharded state; routed by `checkpointing.py`, nothing of torch,
+safetensors or DCP replaced), which keeps a copy of each object in host memory, made by DCP's `DefaultStager` (the
+buffers kept and reused from one save to the next; pinned, and copied without blocking, where CUDA is present);
+one background thread per rank writes them.
 
 The copy itself runs beside the next step where it can (DCP's asynchronous staging, as torchtitan uses it): the
 objects whose every tensor is a parameter or an optimizer state (the weights, `optimizer.pt`: nearly all the bytes)
@@ -55,7 +57,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 from transformers.utils import logging
 
-from ..private import patched, staging_stream, weight_files_patched
+from ..private import staging_stream
 from .store import fsync_file
 
 logger = logging.get_logger(__name__)
@@ -87,6 +89,47 @@ class Job:
             target()
         finally:
             self.done.set()
+
+
+class DeferredWriter:
+    """The explicit writer of one asynchronous save: `torch_save`, `save_file` and `dcp_save` take what
+    `torch.save`, safetensors' `save_file` and DCP's `save` take, stage the object in host memory and list the write
+    for the background thread (`writes`)."""
+
+    def __init__(self, saves: BackgroundSaves, stepped: set[int] | None):
+        self.saves, self.stepped = saves, stepped
+        self.writes: list[Write] = []
+
+    def torch_save(self, obj, f, *args, **kwargs) -> None:
+        if not isinstance(f, (str, os.PathLike)):  # a file object: written now, as asked
+            return torch.save(obj, f, *args, **kwargs)
+        staged = self.saves.stage(obj, self.stepped)
+        self.writes.append(Write(str(f), lambda: torch.save(copied(staged), f, *args, **kwargs)))
+
+    def save_file(self, tensors, filename, metadata=None) -> None:
+        staged = self.saves.stage(tensors, self.stepped)
+        write = lambda: safetensors.torch.save_file(copied(staged), filename, metadata=metadata)  # noqa: E731
+        self.writes.append(Write(str(filename), write))
+
+    def dcp_save(self, state_dict, *, process_group=None, **kwargs) -> None:
+        staged = self.saves.stage(state_dict, self.stepped)
+        where = kwargs.get("checkpoint_id") or getattr(kwargs.get("storage_writer"), "path", "?")
+        group = self.saves.group() if process_group is None else process_group
+        self.writes.append(Write(str(where), lambda: dcp.save(copied(staged), process_group=group, **kwargs)))
+
+
+class DeepSpeedWrites:
+    """A DeepSpeed engine's checkpoint engine whose `save` goes to the writer (set on the one engine for one save:
+    DeepSpeed writes every file of its checkpoint through `engine.checkpoint_engine.save`)."""
+
+    def __init__(self, engine, writer: DeferredWriter):
+        self._engine, self._writer = engine, writer
+
+    def save(self, state_dict, path: str) -> None:
+        self._writer.torch_save(state_dict, path)
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
 
 
 class BackgroundSaves:
@@ -151,36 +194,12 @@ class BackgroundSaves:
 
     @contextlib.contextmanager
     def deferred_writes(self, stepped: set[int] | None = None):
-        """Inside: the writers of a checkpoint's large files stage their objects and return; the writes are listed.
+        """Inside: a `DeferredWriter` whose calls stage their objects and list the writes (`writer.writes`).
         `stepped`: the storages only an optimizer step changes (`stepped_storages`), whose copy may run beside the
-        next step; None: every copy made at once."""
-        writes: list[Write] = []
+        next step; None: every copy made at once. The checkpoint code calls the writer (checkpointing.py routes the
+        Trainer's, DeepSpeed's and DCP's saves to it); nothing of torch, safetensors or DCP is replaced."""
         self.staged_total = 0
-        torch_save, save_file, dcp_save = torch.save, safetensors.torch.save_file, dcp.save
-
-        def deferred_torch_save(obj, f, *args, **kwargs):
-            if not isinstance(f, (str, os.PathLike)):  # a file object: written now, as asked
-                return torch_save(obj, f, *args, **kwargs)
-            staged = self.stage(obj, stepped)
-            writes.append(Write(str(f), lambda: torch_save(copied(staged), f, *args, **kwargs)))
-
-        def deferred_save_file(tensors, filename, metadata=None):
-            staged = self.stage(tensors, stepped)
-            writes.append(Write(str(filename), lambda: save_file(copied(staged), filename, metadata=metadata)))
-
-        def deferred_dcp_save(state_dict, *, process_group=None, **kwargs):
-            staged = self.stage(state_dict, stepped)
-            where = kwargs.get("checkpoint_id") or getattr(kwargs.get("storage_writer"), "path", "?")
-            group = self.group() if process_group is None else process_group
-            writes.append(Write(str(where), lambda: dcp_save(copied(staged), process_group=group, **kwargs)))
-
-        with (
-            patched(torch, "save", deferred_torch_save),
-            patched(safetensors.torch, "save_file", deferred_save_file),
-            weight_files_patched(deferred_save_file),
-            patched(dcp, "save", deferred_dcp_save),
-        ):
-            yield writes
+        yield DeferredWriter(self, stepped)
 
     def group(self):
         """The checkpointer's gloo group (created at the first save, by every rank); None for one process."""

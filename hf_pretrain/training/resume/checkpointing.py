@@ -21,19 +21,21 @@ import shutil
 from pathlib import Path
 
 import psutil
+import torch
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import rotate_checkpoints
 from transformers.utils import logging
 
-from ..fsdp import device_state_dicts, sharded_saves
+from ..fsdp import sharded_saves, sharded_state_writes
 from ..loss_guard import LossSpikeError
-from ..private import rotation_deferred
+from ..private import patched, rotation_deferred, writes_routed
 from ..processes import wait_for_everyone
 from .background import (
     ASYNC_CHECKPOINT_DEFAULT,
     HOST_MEMORY_SHARE,
     BackgroundSaves,
     CheckpointWriteError,
+    DeepSpeedWrites,
     staged_bytes,
     stepped_storages,
 )
@@ -92,6 +94,7 @@ class Checkpointing:
     def __init__(self, trainer):
         self.trainer = trainer
         self.staging: str | None = None  # where the Trainer's save writes while a save is staged
+        self.writer = None  # the asynchronous save's DeferredWriter while it is being staged
         self.background: BackgroundSaves | None = None  # async_checkpoint, once the first save found it usable
         self._sync_reason: str | None = None  # why saves are synchronous although async_checkpoint asks otherwise
         self.staged_estimate = 0  # the bytes a save copies into host memory on this rank (`staged_bytes`)
@@ -182,12 +185,13 @@ class Checkpointing:
         try:
             with (
                 rotation_deferred(),
-                device_state_dicts(trainer) if background else contextlib.nullcontext(),  # fsdp.py: one copy only
-                background.deferred_writes(self._stepped()) if background else contextlib.nullcontext() as writes,
+                background.deferred_writes(self._stepped()) if background else contextlib.nullcontext() as writer,
+                self._routed_to(writer),
             ):
+                self.writer = writer
                 save_checkpoint()
         finally:
-            self.staging = None
+            self.staging = self.writer = None
         best = trainer.state.best_model_checkpoint
         if best and best.startswith(staging_root(run_dir)):
             trainer.state.best_model_checkpoint = os.path.join(run_dir, os.path.basename(best))
@@ -198,11 +202,33 @@ class Checkpointing:
         if background is not None:  # the files are written, gathered and renamed by the background writer
             name = os.path.basename(final)
             failed = functools.partial(self._write_failed, name, staged, run_dir)
-            background.submit(name, writes, functools.partial(self._promote, staged, final, run_dir), failed)
+            background.submit(name, writer.writes, functools.partial(self._promote, staged, final, run_dir), failed)
             return
         wait_for_everyone(trainer.accelerator)  # every rank's files are in place
         self._promote(staged, final, run_dir)
         wait_for_everyone(trainer.accelerator)
+
+    def _routed_to(self, writer):
+        """The Trainer's, DeepSpeed's and FSDP2's checkpoint files go to `writer` (an asynchronous save's) for one
+        save: transformers' module globals (private.py), the one DeepSpeed engine's checkpoint engine, the sharded
+        FSDP2 saves (fsdp.py). No function of torch, safetensors or DCP is replaced."""
+        stack = contextlib.ExitStack()
+        if writer is None:
+            return stack
+        trainer = self.trainer
+        stack.enter_context(writes_routed(writer, *sharded_state_writes(trainer, writer)))
+        if trainer.is_deepspeed_enabled:
+            engine = trainer.model_wrapped
+            stack.enter_context(patched(engine, "checkpoint_engine", DeepSpeedWrites(engine.checkpoint_engine, writer)))
+        return stack
+
+    def torch_save(self, obj, path: str) -> None:
+        """`torch.save` of a file into the checkpoint being saved (for a subclass's or a callback's own file):
+        deferred with the save's other writes when it is asynchronous, written at once otherwise."""
+        if self.writer is not None:
+            self.writer.torch_save(obj, path)
+        else:
+            torch.save(obj, path)
 
     def _promote(self, staged: str, final: str, run_dir: str) -> None:
         trainer = self.trainer
