@@ -16,8 +16,9 @@ Logged keys (with every training log; clock readings, so kept out of `state.log_
   names.
 The counters ride in every checkpoint (`state()`, saved in `hf_pretrain_state.json` by the trainer): a resumed
 run continues from the checkpoint's counters, and the time since that checkpoint becomes restart time, since the
-work after it is lost. The trainer says how each attempt began (`resume`) and times saves and evaluations
-(`add`).
+work after it is lost. A checkpoint of another output folder is handed over as a fresh start (`saved` None: a
+new run, not a restart of this one; its age is no time this run lost). The trainer says how each attempt began
+(`resume`) and times saves and evaluations (`add`).
 """
 
 from __future__ import annotations

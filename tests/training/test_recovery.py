@@ -285,3 +285,16 @@ def test_the_same_failure_at_the_same_step_stops_the_restarts(tmp_path, monkeypa
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")  # a person launches again: trained
     train(tmp_path, limit=2)
     assert read_attempts(tmp_path)[-1].ended == "finished"
+
+
+def test_a_run_resumed_from_another_folders_checkpoint_counts_no_restart(tmp_path):
+    """A new output folder resuming another run's checkpoint is a new run, not a restart of this one: the
+    checkpoint's age is no time it lost."""
+    train(tmp_path / "first", telemetry=True)
+    time.sleep(2.0)  # the checkpoint ages
+    begun = time.time()
+    train(tmp_path / "second", resume=str(tmp_path / "first" / "checkpoint-4"), telemetry=True)
+    last = [r for r in read_jsonl(tmp_path / "second") if "goodput" in r][-1]
+    assert (last["goodput_restarts"], last["goodput_restart_s"]) == (0, 0.0), last
+    assert last["goodput_wall_s"] <= time.time() - begun  # this run's own time
+    assert [(a.resumed_step, a.ended) for a in read_attempts(tmp_path / "second")] == [(4, "finished")]

@@ -3,7 +3,8 @@ phases (saves, evaluations) that goodput and the watchdog time.
 
 - `start(checkpoint, saved, callbacks)` at each `train()`: rank 0 closes the previous attempt's record (how it
   ended, the step it reached: `attempts.py`) and opens this one; every rank then refuses a restart loop
-  (`RestartLoopError`), hands goodput how the attempt began, and starts the watchdog (`watchdog.py`).
+  (`RestartLoopError`), hands goodput how the attempt began (a checkpoint of another output folder starts this
+  run's counters anew: it is no restart of this run), and starts the watchdog (`watchdog.py`).
 - `phase(kind)`: a save (`checkpoint`) or an evaluation (`eval`): the watchdog's floor applies, goodput counts it.
 - `finish(error)`: how the attempt ended, written down (rank 0 for a finished run; any rank for its own failure, in
   a note of its own, merged by rank 0 at the next start); the watchdog stops.
@@ -65,6 +66,11 @@ def checkpoint_step(checkpoint: str | None) -> int:
     return int(match.group(1)) if match else 0
 
 
+def made_here(checkpoint: str | None, output_dir: str) -> bool:
+    """Whether a checkpoint is one of this output folder's (not another run's it resumes from)."""
+    return checkpoint is not None and Path(checkpoint).resolve().parent == Path(output_dir).resolve()
+
+
 class Recovery:
     def __init__(self, trainer):
         self.trainer = trainer
@@ -106,7 +112,8 @@ class Recovery:
         self.goodput = next((c for c in callbacks if isinstance(c, GoodputCallback)), None)
         if self.goodput is not None:
             failed = previous is not None and previous.ended not in ("finished", None) or restart_count() > 0
-            self.goodput.resume(saved.get("goodput") if checkpoint else None, failed, previous and previous.end_time)
+            counters = saved.get("goodput") if made_here(checkpoint, trainer.args.output_dir) else None
+            self.goodput.resume(counters, failed, previous and previous.end_time)
         if self.watchdog_wanted():
             self.watchdog = HangWatchdog(
                 self.folder,
