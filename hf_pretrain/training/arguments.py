@@ -58,6 +58,7 @@ from ..telemetry.underclock import UnderclockCallback
 from .loss_guard import LossGuardCallback
 from .recovery.attempts import restart_rendezvous_warning
 from .recovery.room import RecoveryCallback
+from .recovery.watchdog import flight_recorder_environment
 from .resume.background import ASYNC_CHECKPOINT_DEFAULT
 
 logger = logging.get_logger(__name__)
@@ -309,10 +310,11 @@ class PretrainingArguments(TrainingArguments):
         "Hang timeout: this x the median step time (at least hang_timeout_min_s).",
     )
     hang_timeout_min_s: float = owned(RecoveryCallback, "hang_timeout_min_s", "Hang timeout: the least, in seconds.")
-    hang_timeout_floor_s: float = owned(
+    hang_timeout_floor_s: float | None = owned(
         RecoveryCallback,
         "hang_timeout_floor_s",
-        "Hang timeout during the first steps (compilation, start-up), saves and evaluations, in seconds.",
+        "Hang timeout during the first steps (compilation, start-up), saves and evaluations, in seconds. Default: "
+        "ddp_timeout less 60 s (NCCL's own watchdog aborts at ddp_timeout, without stacks: ours fires first).",
     )
     restart_same_failure_limit: int = owned(
         RecoveryCallback,
@@ -368,6 +370,8 @@ class PretrainingArguments(TrainingArguments):
             self.use_cpu = not accelerator_available() if self.pretrain_extras else False
         if self.pretrain_extras and (warning := restart_rendezvous_warning()) and os.environ.get("RANK", "0") == "0":
             logger.warning(warning)  # before the process group starts: a restarted one fails right there
+        if self.pretrain_extras:  # before the process group starts: NCCL reads them then
+            os.environ.update(flight_recorder_environment(self.output_dir))
         super().__post_init__()
 
     def _check_values(self) -> None:

@@ -27,6 +27,7 @@ from hf_pretrain.training.recovery.attempts import (
     no_progress,
     read_attempts,
 )
+from hf_pretrain.training.recovery.room import RecoveryCallback
 from hf_pretrain.training.recovery.watchdog import HANG_EXIT_CODE, HangWatchdog, WatchdogSettings, heartbeat_path
 from tests.conftest import quick_args
 from tests.training.faults import WriteFault, WriteFaultTrainer
@@ -80,15 +81,7 @@ def wait_for(condition, deadline_s=60.0):
 
 
 def test_the_watchdog_dumps_the_stacks_names_the_silent_rank_and_exits(tmp_path):
-    silent = {
-        "rank": 1,
-        "attempt": 0,
-        "host": "node1",
-        "pid": 4242,
-        "step": 3,
-        "phase": None,
-        "alive": time.time() - 60,
-    }
+    silent = {"rank": 1, "attempt": 0, "host": "node1", "pid": 4242, "step": 3, "phase": None, "seq": 7}
     tmp_path.mkdir(exist_ok=True)
     heartbeat_path(tmp_path, 1).write_text(json.dumps(silent))
     exit, reasons = FakeExit(), []
@@ -120,22 +113,152 @@ def test_the_watchdog_waits_out_a_long_save_and_times_steps_again_after_it(tmp_p
     with watchdog.long_phase("checkpoint"):
         begun = time.time()
         beat = heartbeat_path(tmp_path, 0)
-        wait_for(lambda: json.loads(beat.read_text())["alive"] - begun > 5 * settings.min_s)  # checked all along
+        wait_for(lambda: beat.exists() and json.loads(beat.read_text())["time"] - begun > 5 * settings.min_s)
         assert not exit.called.is_set() and watchdog.timeout_s()[0] == 60.0
     assert exit.called.wait(60)  # after the save, the step timeout again
     watchdog.stop()
 
 
-def test_the_heartbeat_carries_each_step_at_once_not_a_poll_later(tmp_path):
-    settings = WatchdogSettings(min_s=300.0, floor_s=300.0, poll_s=60.0)  # no poll would write in this test
-    watchdog = HangWatchdog(tmp_path, 0, 1, settings, exit=FakeExit())
+def test_rank_0s_heartbeat_carries_each_step_at_once_the_others_beat_at_a_rate_a_shared_folder_bears(tmp_path):
+    settings = WatchdogSettings(min_s=300.0, floor_s=300.0, poll_s=60.0)  # a heartbeat every 30 s
+    first, other = (HangWatchdog(tmp_path, rank, 2, settings, exit=FakeExit()) for rank in (0, 1))
+    first.start(step=0)
+    other.start(step=0)
+    for step in (1, 2, 3):
+        first.beat(step)
+        other.beat(step)
+        wait_for(lambda step=step: json.loads(heartbeat_path(tmp_path, 0).read_text())["step"] == step, 10)
+    assert first.timeout_s()[0] == 300.0  # no poll came: each step was written by the beat's wake-up
+    beat = json.loads(heartbeat_path(tmp_path, 1).read_text())
+    assert (beat["step"], beat["seq"]) == (0, 1)  # rank 1 wrote once, at its start: the next beat is 30 s later
+    first.stop()
+    other.stop()
+
+
+def test_a_heartbeat_write_that_hangs_does_not_stop_the_timeout(tmp_path, monkeypatch):
+    """A hung output file system (a common cause of hangs) holds the heartbeat's write forever: the watchdog fires
+    all the same, from memory."""
+    hung, writes = threading.Event(), []
+    write = HangWatchdog._write_heartbeat
+
+    def write_then_hang(self):
+        writes.append(self.step)
+        if len(writes) > 1:
+            hung.wait()  # as a write into a hung file system (released at the end of the test)
+        write(self)
+
+    monkeypatch.setattr(HangWatchdog, "_write_heartbeat", write_then_hang)
+    exit = FakeExit()
+    settings = WatchdogSettings(factor=2.0, min_s=0.3, floor_s=30.0, poll_s=0.05)
+    watchdog = HangWatchdog(tmp_path, 0, 1, settings, exit=exit)
+    watchdog.start(step=0)
+    try:
+        for step in (1, 2, 3):
+            watchdog.beat(step)
+        assert exit.called.wait(10) and exit.code == HANG_EXIT_CODE
+        assert len(writes) > 1 and (tmp_path / "stacks-rank0-step3.txt").exists()  # the beat stuck, the stacks out
+    finally:
+        hung.set()
+        watchdog.stop()
+
+
+UNWRITABLE_CHILD = """
+import shutil, sys, threading
+from pathlib import Path
+from hf_pretrain.training.recovery.watchdog import HangWatchdog, WatchdogSettings
+
+folder = Path(sys.argv[1]) / "recovery"
+watchdog = HangWatchdog(folder, 0, 2, WatchdogSettings(factor=2.0, min_s=0.3, floor_s=30.0, poll_s=0.05))
+watchdog.start(step=0)
+for step in (1, 2, 3):
+    watchdog.beat(step)
+shutil.rmtree(folder)
+folder.write_text("a file where the folder was: no stacks file can be written")
+threading.Event().wait(60)  # hung: only the watchdog ends this process
+"""
+
+
+def test_a_stacks_file_that_cannot_be_written_still_ends_the_rank_with_124(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", UNWRITABLE_CHILD, str(tmp_path)], stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = child.communicate(timeout=40)
+    finally:
+        child.kill()
+    assert child.returncode == HANG_EXIT_CODE, stderr[-3000:]
+    assert "could not be written" in stderr and "most recent call first" in stderr  # the stacks went to stderr
+
+
+def test_a_poll_never_measures_a_long_phase_against_the_step_timeout(tmp_path):
+    """Every state a poll can read while a save or an evaluation begins and ends (at each attribute the watchdog
+    sets): none is overdue, though the phase outlasts the step timeout."""
+
+    class Observed(HangWatchdog):
+        def __setattr__(self, name, value):
+            super().__setattr__(name, value)
+            if getattr(self, "watching", False):
+                self.seen.append((name, self.overdue()))
+
+    watchdog = Observed(tmp_path, 0, 1, WatchdogSettings(min_s=0.3, floor_s=30.0), exit=FakeExit())
+    for step in (1, 2, 3):
+        watchdog.beat(step)
+    watchdog.seen, watchdog.watching = [], True
+    with watchdog.long_phase("eval"):
+        time.sleep(0.5)  # longer than the step timeout (0.3 s), well within the floor
+    watchdog.watching = False
+    assert len(watchdog.seen) > 2 and all(late is None for _, late in watchdog.seen), watchdog.seen
+    assert watchdog.timeout_s()[0] == 0.3  # the step timeout again, counted from the end of the phase
+
+
+def write_beat(folder, beat):
+    staged = folder / f".beat-{beat['rank']}.tmp"
+    staged.write_text(json.dumps(beat))
+    staged.replace(heartbeat_path(folder, beat["rank"]))
+
+
+def test_a_peer_is_judged_by_its_heartbeat_changing_on_the_readers_clock_not_by_its_wall_clock(tmp_path):
+    """Rank 1's clock is an hour behind (another node's): it beats, so it is alive; rank 2 stopped beating."""
+    done = threading.Event()
+
+    def peers():
+        seq = 0
+        while not done.wait(0.01):
+            seq += 1
+            for rank, count in ((1, seq), (2, 1)):  # rank 2's heartbeat never changes
+                skewed = time.time() - 3600
+                beat = {"rank": rank, "attempt": 0, "host": "node", "pid": rank, "step": 3, "phase": None}
+                write_beat(tmp_path, {**beat, "seq": count, "time": skewed, "alive": skewed})
+
+    tmp_path.mkdir(exist_ok=True)
+    writer = threading.Thread(target=peers, daemon=True)
+    writer.start()
+    exit, reasons = FakeExit(), []
+    settings = WatchdogSettings(factor=2.0, min_s=0.5, floor_s=30.0, poll_s=0.05)
+    watchdog = HangWatchdog(tmp_path, 0, 3, settings, on_hang=reasons.append, exit=exit)
     watchdog.start(step=0)
     for step in (1, 2, 3):
         watchdog.beat(step)
-        wait_for(lambda step=step: json.loads(heartbeat_path(tmp_path, 0).read_text())["step"] == step, 10)
-        assert json.loads(heartbeat_path(tmp_path, 0).read_text())["step"] == step
-    assert watchdog.timeout_s()[0] == 300.0  # the poll never came: each step was written by beat's wake-up
-    watchdog.stop()
+    try:
+        assert exit.called.wait(30)
+        wait_for(lambda: reasons)
+    finally:
+        done.set()
+        writer.join()
+    (reason,) = reasons
+    assert "rank 2 (node, pid 2) stopped reporting" in reason and "rank 1 (" not in reason, reason
+    assert "ranks alive but making no step: 0 (step 3), 1 (step 3)" in reason, reason
+
+
+def test_every_timeout_ends_before_ddp_timeout_and_a_floor_past_it_is_refused(tmp_path):
+    settings = room.watchdog_settings(RecoveryCallback.arguments, ddp_timeout=1800)
+    assert (settings.floor_s, settings.min_s) == (1740, 300)  # the floor by default: NCCL's watchdog at 1800 s
+    watchdog = HangWatchdog(tmp_path, 0, 1, settings, exit=FakeExit())
+    watchdog.durations.extend([200.0] * 3)  # steps of 200 s: 10 x the median would be 2000 s
+    watchdog.steps_timed = 3
+    assert watchdog.timeout_s()[0] == 1740
+    with pytest.raises(
+        ValueError, match=r"hang_timeout_floor_s=1800 ends after ddp_timeout=1800 less 60 s.*at least 1860"
+    ):
+        train(tmp_path, args={"hang_watchdog": True, "hang_timeout_floor_s": 1800.0})
 
 
 TERMINATED_CHILD = """
@@ -146,9 +269,10 @@ def waits_for_a_peer(event):  # as a rank blocked in a collective: the launcher 
     print("ready", flush=True)
     event.wait()
 
-watchdog = HangWatchdog(sys.argv[1], 1, 2, WatchdogSettings(min_s=300, floor_s=300, poll_s=0.05), attempt=2)
+settings = WatchdogSettings(min_s=1.0, floor_s=300, poll_s=0.05)  # a heartbeat every 0.1 s; the floor for 3 steps
+watchdog = HangWatchdog(sys.argv[1], 1, 2, settings, attempt=2)
 watchdog.start(step=5)
-watchdog.beat(step=6)  # the file is named after the last step the rank completed
+watchdog.beat(step=6)  # the file is named after the step of its heartbeat
 while not watchdog.terminated_stacks_path().exists():
     threading.Event().wait(0.01)
 waits_for_a_peer(threading.Event())
@@ -164,7 +288,7 @@ def test_a_rank_the_launcher_terminates_writes_its_stacks_then_ends_as_sigterm_d
     child.send_signal(signal.SIGTERM)
     assert child.wait(60) == -signal.SIGTERM  # the default action still ends it (chained)
     stacks = (tmp_path / "stacks-rank1-attempt2-step6-terminated.txt").read_text()
-    assert "in waits_for_a_peer" in stacks and "in _run" in stacks  # the main thread and the watchdog's
+    assert "in waits_for_a_peer" in stacks and "in _monitor" in stacks  # the main thread and the watchdog's
     assert not stale.exists() and not (tmp_path / "stacks-rank1-attempt2-step5-terminated.txt").exists()
 
 

@@ -8,7 +8,8 @@ phases (saves, evaluations) that goodput and the watchdog time.
 - `phase(kind)`: a save (`checkpoint`) or an evaluation (`eval`): the watchdog's floor applies, goodput counts it.
 - `finish(error)`: how the attempt ended, written down (rank 0 for a finished run; any rank for its own failure, in
   a note of its own, merged by rank 0 at the next start); the watchdog stops.
-`RecoveryCallback` beats the watchdog at each optimizer step and owns the arguments' defaults.
+`RecoveryCallback` beats the watchdog at each optimizer step and owns the arguments' defaults. The watchdog's
+floor defaults to `ddp_timeout` less `COLLECTIVE_MARGIN_S`, and no timeout may reach past that (watchdog.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from .attempts import (
     restarts_allowed,
     write_attempts,
 )
-from .watchdog import HangWatchdog, WatchdogSettings, read_heartbeats
+from .watchdog import COLLECTIVE_MARGIN_S, HangWatchdog, WatchdogSettings, read_heartbeats
 
 
 class RecoveryCallback(PretrainCallback):
@@ -45,7 +46,7 @@ class RecoveryCallback(PretrainCallback):
         "hang_watchdog": None,  # None: on with several processes or when the launcher restarts failed ones
         "hang_timeout_factor": WatchdogSettings.factor,
         "hang_timeout_min_s": WatchdogSettings.min_s,
-        "hang_timeout_floor_s": WatchdogSettings.floor_s,
+        "hang_timeout_floor_s": None,  # None: ddp_timeout less COLLECTIVE_MARGIN_S
         "restart_same_failure_limit": 3,
     }
 
@@ -66,6 +67,22 @@ def checkpoint_step(checkpoint: str | None) -> int:
     return int(match.group(1)) if match else 0
 
 
+def watchdog_settings(settings: dict, ddp_timeout: float) -> WatchdogSettings:
+    """The watchdog's settings from the arguments; a floor or minimum that NCCL's watchdog would pre-empt (at
+    `ddp_timeout`, with SIGABRT and no Python stacks) is refused, naming the fix."""
+    cap = ddp_timeout - COLLECTIVE_MARGIN_S
+    floor = settings["hang_timeout_floor_s"]
+    floor = cap if floor is None else floor
+    for name, value in (("hang_timeout_floor_s", floor), ("hang_timeout_min_s", settings["hang_timeout_min_s"])):
+        if value > cap:
+            raise ValueError(
+                f"{name}={value:g} ends after ddp_timeout={ddp_timeout:g} less {COLLECTIVE_MARGIN_S:g} s: NCCL's "
+                f"watchdog would abort a rank stuck in a collective first (SIGABRT, no Python stacks, no record). "
+                f"Raise ddp_timeout to at least {value + COLLECTIVE_MARGIN_S:g} or lower {name}."
+            )
+    return WatchdogSettings(settings["hang_timeout_factor"], settings["hang_timeout_min_s"], floor, 1.0, ddp_timeout)
+
+
 def made_here(checkpoint: str | None, output_dir: str) -> bool:
     """Whether a checkpoint is one of this output folder's (not another run's it resumes from)."""
     return checkpoint is not None and Path(checkpoint).resolve().parent == Path(output_dir).resolve()
@@ -75,6 +92,8 @@ class Recovery:
     def __init__(self, trainer):
         self.trainer = trainer
         self.settings = RecoveryCallback.settings(trainer.args)
+        wanted = self.watchdog_wanted()
+        self.watchdog_settings = watchdog_settings(self.settings, trainer.args.ddp_timeout) if wanted else None
         self.watchdog: HangWatchdog | None = None
         self.goodput: GoodputCallback | None = None
         self.attempt: Attempt | None = None
@@ -114,16 +133,12 @@ class Recovery:
             failed = previous is not None and previous.ended not in ("finished", None) or restart_count() > 0
             counters = saved.get("goodput") if made_here(checkpoint, trainer.args.output_dir) else None
             self.goodput.resume(counters, failed, previous and previous.end_time)
-        if self.watchdog_wanted():
+        if self.watchdog_settings is not None:
             self.watchdog = HangWatchdog(
                 self.folder,
                 trainer.args.process_index,
                 trainer.args.world_size,
-                WatchdogSettings(
-                    self.settings["hang_timeout_factor"],
-                    self.settings["hang_timeout_min_s"],
-                    self.settings["hang_timeout_floor_s"],
-                ),
+                self.watchdog_settings,
                 attempt=len(attempts) - 1,
                 on_hang=lambda reason: self._note_failure(reason, self.watchdog.step),
             )
@@ -184,7 +199,7 @@ class Recovery:
         previous = len(attempts) - 1  # the watchdog's attempt number of the previous attempt
         beats = [b for b in read_heartbeats(self.folder).values() if b.get("attempt") == previous]
         last_step = max((b["step"] for b in beats), default=None)
-        last_seen = max((b["alive"] for b in beats), default=None)
+        last_seen = max((b["time"] for b in beats), default=None)
         if attempts and attempts[-1].ended is None and notes:
             first = min(notes, key=lambda n: n["time"])
             attempts[-1].ended = first["reason"]
