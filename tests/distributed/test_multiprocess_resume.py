@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from hf_pretrain.telemetry.jsonl import read_jsonl
-from hf_pretrain.training.recovery.attempts import REFUSED, RESTARTABLE, read_attempts
+from hf_pretrain.training.recovery.attempts import KILLED, REFUSED, RESTARTABLE, read_attempts
 from hf_pretrain.training.recovery.watchdog import HANG_EXIT_CODE
 from hf_pretrain.training.resume.check import check_checkpoint
 from tests.distributed.test_distributed import CONFIGS, ENV, ROOT, free_port
@@ -124,6 +124,8 @@ def test_a_rank_killed_during_a_background_write_restarts_unattended_from_the_ch
     assert check_checkpoint(tmp_path / "checkpoint-6").ok  # saved again, whole, by the restarted attempt at step 6
     assert_recovered(result, tmp_path, losses(straight, "straight"), resumed_from=3)
     first, second = read_attempts(tmp_path)
+    # the record: the step the kill -9 interrupted and the rank it killed, not rank 0 that saw its peer go
+    assert (first.ended, first.failed_rank, first.last_step) == (KILLED, 1, 7), first
     goodput = [record for record in read_jsonl(tmp_path) if "goodput" in record][-1]  # the last log: step 15
     assert goodput["step"] == 15 and goodput["goodput_restarts"] == 1
     # lost: the relaunch, and steps 4-7 trained again (checkpoint-6 was never complete)
@@ -140,10 +142,10 @@ def test_a_restart_loop_that_fails_at_the_same_step_each_time_stops_with_the_rea
     assert result.returncode != 0, output[-3000:]
     attempts = read_attempts(tmp_path)
     assert [(a.restart, a.resumed_step) for a in attempts] == [(0, 0), (1, 3), (2, 3)], attempts
-    assert [a.last_step for a in attempts[:2]] == [5, 5], attempts
+    assert [(a.last_step, a.ended, a.failed_rank) for a in attempts[:2]] == [(5, KILLED, 1)] * 2, attempts
     assert attempts[0].failure == attempts[1].failure is not None, attempts  # the same failure, both times
-    assert attempts[2].ended == REFUSED
-    reason = "Not training again: the last 2 attempts all failed at step 5 after resuming from step 3"
+    assert (attempts[2].ended, attempts[2].last_step) == (REFUSED, 3)  # it trained no step
+    reason = "Not training again: the last 2 attempts all failed at step 5 after resuming from step 3: killed"
     assert reason in output, output[-3000:]
     assert not (tmp_path / "losses-restarted2-rank0.json").exists()  # refused before its first step
     # the restart's step 4 (step 5 is killed before it is logged): the loss of the uninterrupted run, bit for bit

@@ -60,6 +60,8 @@ def test_a_restart_loop_is_the_same_failure_at_the_same_step_in_a_row():
     other = "exception: ValueError: tensor size 12 is not 13"
     assert no_progress([attempt(0, 5, other.replace("13", "14"), 3), attempt(1, 5, other, 3)], 2) is not None
     assert no_progress([resets[0], attempt(1, 5, other, 3)], 2) is None  # another failure
+    assert no_progress([resets[0], attempt(1, 5, KILLED, 3)], 2) is not None  # a rank lost, seen killed or by a peer
+    assert no_progress([attempt(0, None, KILLED, 3), attempt(1, None, KILLED, 3)], 2) is None  # steps unknown
     assert no_progress([*same, attempt(3, 0, REFUSED)], 3) is not None  # a refused restart changes nothing
     assert no_progress([*same[:2], attempt(0, 12, crash, 9)], 3) is None  # a person launched again: counted anew
 
@@ -409,6 +411,29 @@ def test_the_same_failure_at_the_same_step_stops_the_restarts(tmp_path, monkeypa
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")  # a person launches again: trained
     train(tmp_path, limit=2)
     assert read_attempts(tmp_path)[-1].ended == "finished"
+
+
+def test_a_hang_is_recorded_at_once_when_no_restart_follows(tmp_path, monkeypatch):
+    exits, recorded = [], []
+
+    def watched(*args, **kwargs):
+        exits.append(FakeExit())
+        return HangWatchdog(*args, exit=exits[-1], **kwargs)
+
+    class Hang(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 5:
+                assert exits[0].called.wait(60)  # hung until the watchdog fired (it would have exited: no restart)
+                recorded.append(read_attempts(args.output_dir)[-1])
+                raise RuntimeError("released")
+
+    monkeypatch.setattr(room, "HangWatchdog", watched)
+    timeouts = {"hang_watchdog": True, "hang_timeout_min_s": 1.0, "hang_timeout_factor": 1.0}
+    with pytest.raises(RuntimeError, match="released"):
+        train(tmp_path, callbacks=[Hang()], args=timeouts)
+    (attempt,) = recorded
+    assert attempt.ended.startswith("hang: no optimizer step for") and attempt.failed_rank == 0, attempt
+    assert attempt.last_step == 4 and attempt.end_time is not None  # its last beat: the hang is in step 5's end
 
 
 def test_a_run_resumed_from_another_folders_checkpoint_counts_no_restart(tmp_path):

@@ -2,10 +2,14 @@
 
 A launcher that restarts failed workers (`torchrun --max-restarts N`, `accelerate launch --max_restarts N`) runs
 the same command again and says which attempt it is (`TORCHELASTIC_RESTART_COUNT`). Each attempt is a line in
-`OUTPUT_DIR/recovery/attempts.json`, written by rank 0: when it started, the step it resumed from, and how it ended
-(`finished`, `exception: <type>: <message>`, `hang: ...` from the watchdog, or nothing: killed with no word, as by
-SIGKILL, the OOM killer or a lost node). The step an attempt reached is read from the heartbeat files the
-watchdog keeps (`watchdog.py`), so a killed attempt has one too.
+`OUTPUT_DIR/recovery/attempts.json`, written by rank 0: when it started, the step it resumed from, the step it
+reached, how it ended and on which rank. Rank 0 writes its own end at once (`finished`, `exception: <type>:
+<message>`, `hang: ...` from the watchdog); at the next start it settles the previous attempt from what every rank
+left (`close_previous`, from `Evidence`): the ranks' own failure notes, the watchdog's heartbeats (the step) and
+its SIGTERM stacks files (one left empty: a rank killed with no word, as by SIGKILL, the OOM killer or a lost
+node; filled: a rank the launcher ended after another failed). A rank's own error or hang is the cause; failing
+that, a rank killed with no word, not the survivors whose collectives then failed ("connection closed by peer").
+What no rank left stays unknown (`last_step` None), never 0.
 
 `no_progress(attempts, limit)`: when the last `limit` attempts of this launch all failed the same way at the same
 step, restarting again would fail once more: the run stops with the reason instead. A launch is the attempts
@@ -28,7 +32,7 @@ ATTEMPTS_NAME = "attempts.json"
 KILLED = "killed (no reason recorded: SIGKILL, the OOM killer or a lost node)"
 REFUSED = "refused: restart loop"
 NUMBER = re.compile(r"0x[0-9a-fA-F]+|\d+")
-PEER_LOST = "a peer rank was lost"
+RANK_LOST = "a rank was lost"  # killed with no word, or seen to go by its peers: one failure for the guard
 # How a survivor's collective fails when a peer dies: gloo says "Connection closed by peer" or "Read error ...:
 # Connection reset by peer" depending on where it was (both seen after one SIGKILL), NCCL "remote process exited".
 LOST_PEER_WORDS = re.compile(
@@ -81,20 +85,25 @@ class Attempt:
     last_step: int | None = None
     ended: str | None = None  # "finished", "exception: ...", "hang: ...", KILLED, REFUSED
     end_time: float | None = None
-    failed_rank: int | None = None  # the rank that reported the failure first
+    failed_rank: int | None = None  # the rank whose error or hang ended it; else the rank killed with no word
 
     @property
     def failure(self) -> str | None:
-        """What a failure is compared by: a hang by its kind; a lost peer (a surviving rank's collective failing
-        because another rank died) as one failure, whichever way the transport words it; anything else by its
-        first line with every number left out (a peer's port, an address, a size or a time changes from one
-        attempt to the next)."""
+        """What a failure is compared by: a hang by its kind; a lost rank as one failure, whether it was seen
+        killed or only through a surviving rank's collective failing (whichever way the transport words it);
+        anything else by its first line with every number left out (a peer's port, an address, a size or a time
+        changes from one attempt to the next)."""
         if self.ended in ("finished", REFUSED):
             return None
         first = (self.ended or KILLED).splitlines()[0]
         if first.startswith("hang"):
             return "hang"
-        return PEER_LOST if LOST_PEER_WORDS.search(first) else NUMBER.sub("#", first)
+        return RANK_LOST if first == KILLED or lost_peer(first) else NUMBER.sub("#", first)
+
+
+def lost_peer(reason: str) -> bool:
+    """Whether a rank's failure is its collective failing because another rank went away."""
+    return bool(LOST_PEER_WORDS.search(reason.splitlines()[0] if reason else ""))
 
 
 def read_attempts(output_dir: str | os.PathLike) -> list[Attempt]:
@@ -116,13 +125,39 @@ def write_attempts(output_dir: str | os.PathLike, attempts: list[Attempt]) -> No
     staged.replace(folder / ATTEMPTS_NAME)  # one rename: the old record or the new one
 
 
-def close_previous(attempts: list[Attempt], last_step: int | None, last_seen: float | None) -> None:
-    """The previous attempt ended without saying how (killed): its last step and time from the heartbeats."""
-    if attempts and attempts[-1].ended is None:
-        previous = attempts[-1]
-        previous.ended = KILLED
-        previous.last_step = last_step if last_step is not None else previous.resumed_step
-        previous.end_time = last_seen
+@dataclass
+class Evidence:
+    """What the ranks of an attempt left behind (room.py gathers it at the next start)."""
+
+    notes: list[dict]  # each failed rank's own account: {"rank", "reason", "step", "time"}
+    killed: dict[int, int]  # rank -> its last heartbeat step: ranks that ended with no word and no SIGTERM
+    steps: list[int]  # the steps of every heartbeat of the attempt
+    last_seen: float | None  # the newest heartbeat's time
+
+
+def close_previous(attempts: list[Attempt], evidence: Evidence) -> None:
+    """The previous attempt's end settled from what its ranks left: a rank's own error or hang first (the
+    earliest), then a rank killed with no word (the lowest), then a survivor's failed collective (the rank that
+    went is then unknown: the watchdog was off). Its last step: the furthest any rank reported."""
+    if not attempts or attempts[-1].ended in ("finished", REFUSED):
+        return
+    previous, notes = attempts[-1], evidence.notes
+    causes = sorted((n for n in notes if not lost_peer(n["reason"])), key=lambda n: n["time"])
+    if causes:
+        cause = causes[0]
+        previous.ended, previous.failed_rank, previous.end_time = cause["reason"], cause["rank"], cause["time"]
+    elif evidence.killed:
+        previous.ended, previous.failed_rank = KILLED, min(evidence.killed)
+        previous.end_time = max([n["time"] for n in notes] + [evidence.last_seen or 0.0]) or None
+    elif notes:
+        first = min(notes, key=lambda n: n["time"])
+        previous.ended, previous.failed_rank, previous.end_time = first["reason"], None, first["time"]
+    elif previous.ended is None:
+        previous.ended, previous.end_time = KILLED, evidence.last_seen
+    steps = [*evidence.steps, *(n["step"] for n in notes), *evidence.killed.values()]
+    if previous.last_step is not None:
+        steps.append(previous.last_step)
+    previous.last_step = max(steps) if steps else None  # unknown, not 0
 
 
 def this_launch(attempts: list[Attempt]) -> list[Attempt]:
@@ -136,13 +171,14 @@ def no_progress(attempts: list[Attempt], limit: int) -> str | None:
     step; None otherwise (or with `limit` 0)."""
     failed = [a for a in this_launch(attempts) if a.ended != REFUSED]
     last = failed[-limit:] if limit > 0 else []
-    if len(last) < limit or any(a.failure is None for a in last):
+    if len(last) < limit or any(a.failure is None or a.last_step is None for a in last):
         return None
     if len({(a.failure, a.last_step) for a in last}) != 1:
         return None
+    where = f" (rank {last[-1].failed_rank})" if last[-1].failed_rank is not None else ""
     return (
         f"the last {limit} attempts all failed at step {last[-1].last_step} after resuming from step "
-        f"{last[-1].resumed_step}: {last[-1].ended or KILLED}"
+        f"{last[-1].resumed_step}: {last[-1].ended or KILLED}{where}"
     )
 
 

@@ -1,13 +1,14 @@
 """The trainer's room for runs nobody watches: the attempts, the restart-loop guard, the hang watchdog and the
 phases (saves, evaluations) that goodput and the watchdog time.
 
-- `start(checkpoint, saved, callbacks)` at each `train()`: rank 0 closes the previous attempt's record (how it
-  ended, the step it reached: `attempts.py`) and opens this one; every rank then refuses a restart loop
-  (`RestartLoopError`), hands goodput how the attempt began (a checkpoint of another output folder starts this
-  run's counters anew: it is no restart of this run), and starts the watchdog (`watchdog.py`).
+- `start(checkpoint, saved, callbacks)` at each `train()`: rank 0 settles the previous attempt's record from what
+  its ranks left (`attempts.py`) and opens this one; every rank then refuses a restart loop (`RestartLoopError`),
+  hands goodput how the attempt began (a checkpoint of another output folder starts this run's counters anew: it
+  is no restart of this run), and starts the watchdog (`watchdog.py`).
 - `phase(kind)`: a save (`checkpoint`) or an evaluation (`eval`): the watchdog's floor applies, goodput counts it.
-- `finish(error)`: how the attempt ended, written down (rank 0 for a finished run; any rank for its own failure, in
-  a note of its own, merged by rank 0 at the next start); the watchdog stops.
+- `finish(error)`: how the attempt ended, written down: any rank's own failure in a note of its own (read by rank 0
+  at the next start), rank 0's also in the record at once (so an attempt no launcher restarts has its end); the
+  watchdog stops. The watchdog's hang is written the same way before it exits.
 `RecoveryCallback` beats the watchdog at each optimizer step and owns the arguments' defaults. The watchdog's
 floor defaults to `ddp_timeout` less `COLLECTIVE_MARGIN_S`, and no timeout may reach past that (watchdog.py).
 """
@@ -26,6 +27,7 @@ from ..processes import wait_for_everyone
 from .attempts import (
     REFUSED,
     Attempt,
+    Evidence,
     RestartLoopError,
     begin_attempt,
     close_previous,
@@ -36,7 +38,7 @@ from .attempts import (
     restarts_allowed,
     write_attempts,
 )
-from .watchdog import COLLECTIVE_MARGIN_S, HangWatchdog, WatchdogSettings, read_heartbeats
+from .watchdog import COLLECTIVE_MARGIN_S, HangWatchdog, WatchdogSettings, read_heartbeats, read_terminated_stacks
 
 
 class RecoveryCallback(PretrainCallback):
@@ -122,7 +124,7 @@ class Recovery:
         reason = no_progress(attempts[:-1], limit) if restart_count() > 0 else None  # a new launch: no loop yet
         if reason is not None:
             if main:
-                self._record_end(REFUSED, trainer.state.global_step)
+                self._record_end(REFUSED, checkpoint_step(checkpoint))  # it trained no step
             raise RestartLoopError(
                 f"Not training again: {reason} (restart {restart_count()} of this launch). A restart would fail the "
                 f"same way: the attempts are in {self.folder / 'attempts.json'}, the stacks of hangs beside it. Fix "
@@ -176,21 +178,25 @@ class Recovery:
 
     # The record
     def _note_failure(self, reason: str, step: int) -> None:
-        """This rank's own account of the failure (any rank may fail; rank 0 merges at the next start)."""
+        """This rank's own account of the failure (any rank may fail; rank 0 reads them all at the next start), and
+        on rank 0 the record at once: a launch with no restart left has no next start."""
         rank = self.trainer.args.process_index
         with contextlib.suppress(OSError):
             self.folder.mkdir(parents=True, exist_ok=True)
             note = {"rank": rank, "reason": reason, "step": step, "time": time.time()}
             (self.folder / f"failed-rank{rank}.json").write_text(json.dumps(note), encoding="utf-8")
+            if rank == 0:
+                self._record_end(reason, step, failed_rank=0)
 
-    def _record_end(self, ended: str, step: int) -> None:
+    def _record_end(self, ended: str, step: int, failed_rank: int | None = None) -> None:
         attempts = read_attempts(self.trainer.args.output_dir)
         if attempts:
-            attempts[-1].ended, attempts[-1].last_step, attempts[-1].end_time = ended, step, time.time()
+            last = attempts[-1]
+            last.ended, last.last_step, last.end_time, last.failed_rank = ended, step, time.time(), failed_rank
             write_attempts(self.trainer.args.output_dir, attempts)
 
     def _close_previous(self, attempts: list[Attempt]) -> None:
-        """The previous attempt's end, from the ranks' failure notes and heartbeats (rank 0, before this one)."""
+        """The previous attempt's end, from what its ranks left (rank 0, before this attempt's ranks start)."""
         notes = []
         for path in self.folder.glob("failed-rank*.json"):
             with contextlib.suppress(OSError, ValueError):
@@ -198,12 +204,7 @@ class Recovery:
             path.unlink(missing_ok=True)
         previous = len(attempts) - 1  # the watchdog's attempt number of the previous attempt
         beats = [b for b in read_heartbeats(self.folder).values() if b.get("attempt") == previous]
-        last_step = max((b["step"] for b in beats), default=None)
-        last_seen = max((b["time"] for b in beats), default=None)
-        if attempts and attempts[-1].ended is None and notes:
-            first = min(notes, key=lambda n: n["time"])
-            attempts[-1].ended = first["reason"]
-            attempts[-1].failed_rank = first["rank"]
-            attempts[-1].last_step = max(n["step"] for n in notes)
-            attempts[-1].end_time = first["time"]
-        close_previous(attempts, last_step, last_seen)
+        stacks = read_terminated_stacks(self.folder, previous)
+        killed = {rank: step for rank, (step, size) in stacks.items() if size == 0}
+        seen = [b["time"] for b in beats if isinstance(b.get("time"), (int, float))]
+        close_previous(attempts, Evidence(notes, killed, [b["step"] for b in beats], max(seen, default=None)))

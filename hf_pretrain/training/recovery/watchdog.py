@@ -41,6 +41,7 @@ import contextlib
 import faulthandler
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -99,6 +100,21 @@ def read_heartbeats(folder: Path) -> dict[int, dict]:
             beat = json.loads(path.read_text(encoding="utf-8"))
             beats[int(beat["rank"])] = beat
     return beats
+
+
+TERMINATED = re.compile(r"stacks-rank(\d+)-attempt(\d+)-step(\d+)-terminated\.txt")
+
+
+def read_terminated_stacks(folder: Path, attempt: int) -> dict[int, tuple[int, int]]:
+    """The SIGTERM stacks files an attempt left: rank -> (the step in its name, its size; 0: the rank ended with
+    no SIGTERM and no clean stop, as a SIGKILL ends it)."""
+    found = {}
+    for path in folder.glob("stacks-rank*-attempt*-terminated.txt"):
+        match = TERMINATED.fullmatch(path.name)
+        if match and int(match[2]) == attempt:
+            with contextlib.suppress(OSError):
+                found[int(match[1])] = (int(match[3]), path.stat().st_size)
+    return found
 
 
 def flight_recorder_environment(output_dir: str | os.PathLike | None) -> dict[str, str]:
