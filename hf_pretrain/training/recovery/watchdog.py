@@ -10,7 +10,7 @@ of hangs) cannot keep the timeout from firing:
   `FIRE_IO_S`; then the rank exits with `HANG_EXIT_CODE` whatever happened, so a launcher with restarts left
   starts the run again (from the newest checkpoint with `resume_from_checkpoint="auto"`);
 - the beat thread does every file operation: the heartbeat (`recovery/heartbeat-rank<r>.json`: step, phase, a
-  counter `seq`, host, pid) every `heartbeat_s` (a tenth of the least timeout, at most 30 s) and, on rank 0, at
+  counter `seq`, host, pid) every `heartbeat_s` (a tenth of the least timeout: 30 s by default) and, on rank 0, at
   each step (the step an attempt reached, exactly, for the record of a killed attempt and the restart-loop
   guard: ranks of a data-parallel step are at most one step apart); the SIGTERM stacks file renamed with it; the
   peers' heartbeats read when this rank's wait passes half its timeout. At 1,000 ranks and 30 s that is ~100
@@ -59,7 +59,6 @@ logger = logging.get_logger(__name__)
 HANG_EXIT_CODE = 124  # as timeout(1): the launcher restarts on any non-zero exit
 WARMUP_STEPS = 3
 TIMED_STEPS = 50  # the median is of the last this-many step durations
-HEARTBEAT_MAX_S = 30.0  # the slowest heartbeat; a tenth of the least timeout when that is shorter
 FIRE_IO_S = 30.0  # the stacks, the peers' heartbeats and the record get this long; the rank exits then regardless
 COLLECTIVE_MARGIN_S = 60.0  # every timeout ends this long before ddp_timeout (NCCL's watchdog, gloo's timeout)
 PEER_READERS = 8  # the ranks that read every other rank's heartbeat when they fire
@@ -81,7 +80,8 @@ class WatchdogSettings:
 
     @property
     def heartbeat_s(self) -> float:
-        return min(HEARTBEAT_MAX_S, min(self.min_s, self.floor_s) / 10)
+        """A tenth of the least timeout: a peer's is read 5 periods apart at least (half a timeout)."""
+        return min(self.min_s, self.floor_s) / 10
 
     @property
     def cap_s(self) -> float | None:
