@@ -165,7 +165,7 @@ def test_a_heartbeat_write_that_hangs_does_not_stop_the_timeout(tmp_path, monkey
 
 
 UNWRITABLE_CHILD = """
-import shutil, sys, threading
+import sys, threading
 from pathlib import Path
 from hf_pretrain.training.recovery.watchdog import HangWatchdog, WatchdogSettings
 
@@ -174,7 +174,7 @@ watchdog = HangWatchdog(folder, 0, 2, WatchdogSettings(factor=2.0, min_s=0.3, fl
 watchdog.start(step=0)
 for step in (1, 2, 3):
     watchdog.beat(step)
-shutil.rmtree(folder)
+folder.rename(folder.with_name("moved"))  # at once, whatever the beat thread writes meanwhile
 folder.write_text("a file where the folder was: no stacks file can be written")
 threading.Event().wait(60)  # hung: only the watchdog ends this process
 """
