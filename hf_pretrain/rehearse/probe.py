@@ -11,7 +11,8 @@ attempt's records in RECORD_DIR/attempt<k>/, the fault in fault.json). Before ru
   is written to RECORD_DIR/rank-<r>.json; `on_train_end` marks it finished;
 - a wrapper of its `training_step` that notes, for every micro-batch the rank really trains, the ids
   of its samples (their index in the training dataset, found by a fingerprint of their tokens) and
-  the loss it returns; and, on the last rank at the FAULT's step, writes killed.json (fault.json) and SIGKILLs
+  the loss it returns; and, on the last rank at the FAULT's step, once the checkpoint saved before that step is in
+  place (an asynchronous save's write may end after the step began), writes killed.json (fault.json) and SIGKILLs
   (or SIGSTOPs) its own process before the micro-batch's forward: a node lost (or hung) mid-step, the others left
   in a collective.
 
@@ -114,6 +115,7 @@ class Probe:
         def training_step(model, inputs, *args, **kwargs):
             current = trainer.state.global_step + 1
             if current == self.kill_at and self.rank == self.world_size - 1:
+                wait_for_due_checkpoint(trainer.args, current)
                 self.die(current)
             loss = step(model, inputs, *args, **kwargs)
             ids = [self.index.get(f, f) for f in map(fingerprint, _rows(inputs))]
@@ -158,6 +160,21 @@ class Probe:
         name = "fault.json" if self.attempt >= 0 else "killed.json"  # killed.json: the launch must tear down
         (self.faults_dir / name).write_text(json.dumps(fault))
         os.kill(os.getpid(), signal.SIGSTOP if self.kind == "stop" else signal.SIGKILL)
+
+
+def wait_for_due_checkpoint(args, step: int, deadline_s: float = 60.0) -> None:
+    """Before the fault at `step`: the newest checkpoint saved before it is in place (at most `deadline_s`). With
+    asynchronous saves a checkpoint appears once its background write is done, which for the save right before the
+    fault may be after the step began; the rehearsal judges what a kill leaves of the checkpoints already made (a
+    kill during a write is tests/distributed/test_multiprocess_resume.py's)."""
+    save_steps = getattr(args, "save_steps", 0) or 0
+    if str(getattr(args, "save_strategy", "no")).split(".")[-1].lower() != "steps" or save_steps < 1:
+        return
+    due = (step - 1) // int(save_steps) * int(save_steps)
+    folder = Path(args.output_dir) / f"checkpoint-{due}"
+    deadline = time.monotonic() + deadline_s
+    while due > 0 and not folder.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 class ProbeCallback(TrainerCallback):
