@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from hf_pretrain.data import embedded_documents
-from hf_pretrain.data.pipeline import run_pipeline
+from hf_pretrain.data.chain import run_pipeline
 from hf_pretrain.data.pipeline_config import PipelineConfig
 
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dedup import ExactJaccard, evaluate, planted_corpus  # noqa: E402
 
-from hf_pretrain.data.pipeline import run_pipeline  # noqa: E402
+from hf_pretrain.data.chain import run_pipeline  # noqa: E402
 from hf_pretrain.data.pipeline_config import PipelineConfig  # noqa: E402
 
 
@@ -96,8 +96,8 @@ def one_process_growth(texts: list[str]) -> float:
     """The control: MB that `MinHashDedup` over the whole corpus adds to this process's resident memory."""
     from datasets import Dataset
 
+    from hf_pretrain.data.chain.stages import PeakMemory
     from hf_pretrain.data.dedup import MinHashDedup
-    from hf_pretrain.data.engines.stages import PeakMemory
 
     data = Dataset.from_dict({"text": texts})
     with PeakMemory() as memory:
@@ -106,7 +106,7 @@ def one_process_growth(texts: list[str]) -> float:
 
 
 def sharded_roots(out: Path) -> np.ndarray:
-    from hf_pretrain.data.engines.dedup_shards import global_roots
+    from hf_pretrain.data.chain.dedup_shards import global_roots
 
     rows = [json.loads(p.read_text())["rows"] for p in sorted((out / "01-documents" / "tasks").glob("*.json"))]
     offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)

@@ -1,6 +1,6 @@
 """Real clusters on this machine: a Ray head (`ray start --head`) and a one-node Slurm (Debian's slurmctld +
 slurmd, munge authentication), each started from its own temporary folder and stopped by the ids of the processes
-it started. Both are context managers. The executor tests (`tests/data/test_engines.py`) hold them once per session
+it started. Both are context managers. The executor tests (`tests/data/test_chain.py`) hold them once per session
 and `benchmarks/data_scale.py` starts the Slurm one when no cluster answers `sinfo`; they live here rather than in
 tests/ because benchmarks do not import the tests (as `benchmarks/gpu/faults.py`).
 

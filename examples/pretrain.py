@@ -32,10 +32,12 @@ from transformers import HfArgumentParser, PreTrainedTokenizerBase, set_seed
 
 from hf_pretrain import PretrainConfig, PretrainForCausalLM, PretrainingArguments, PretrainTrainer, get_preset
 from hf_pretrain.data import PackedDocumentCollator, write_embedded_corpus
+from hf_pretrain.data.blocks import BlockStats
+from hf_pretrain.data.chain import reused_stages, run_pipeline
 from hf_pretrain.data.mixture import MixtureConfig, MixtureDataset
 from hf_pretrain.data.packing import check_seq_len
-from hf_pretrain.data.pipeline import Pipeline, load_packed, tokenizer_path
 from hf_pretrain.data.pipeline_config import PipelineConfig
+from hf_pretrain.data.prepared import load_packed, tokenizer_path
 from hf_pretrain.data.read import list_files
 from hf_pretrain.data.split import check_fraction
 from hf_pretrain.data.tokenizer import check_vocab_size
@@ -218,12 +220,13 @@ def prepare_data(data_args: DataArguments, args: PretrainingArguments, vocab_siz
         source = data_args.dataset_path
         if not source:
             source = str(write_embedded_corpus(cache / "corpus", data_args.heldout_fraction)["train"].parent)
-        pipeline = Pipeline(pipeline_config(data_args, source, cache, vocab_size), verbose=False)
-        pipeline.run()
-        packed = load_packed(pipeline.out)
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path(pipeline.out)))
+        config = pipeline_config(data_args, source, cache, vocab_size)
+        stats = run_pipeline(config, verbose=False)
+        packed = load_packed(config.output_dir)
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path(config.output_dir)))
     if args.process_index == 0:
-        report_data(pipeline, data_args.dataset_path or f"embedded corpus ({source})", len(tokenizer))
+        source = data_args.dataset_path or f"embedded corpus ({source})"
+        report_data(stats, reused_stages(config.output_dir), source, len(tokenizer))
     return tokenizer, packed["train"], packed.get("heldout")
 
 
@@ -283,16 +286,16 @@ def prepare_mixture(data_args: DataArguments, args: PretrainingArguments):
     return tokenizer, train, concatenate_datasets(heldout) if heldout else None
 
 
-def report_data(pipeline: Pipeline, source: str, vocab: int) -> None:
+def report_data(blocks: list[BlockStats], reused: list[str], source: str, vocab: int) -> None:
     """The chain's counters, one line a step: documents, drops, the tokenizer, the blocks."""
-    stats = {s.block: s for s in pipeline.stats}
+    stats = {s.block: s for s in blocks}
     split = stats["split"].extra
     print(f"[data] {source}: {split['train']} train / {split['heldout']} held-out documents")
-    for s in pipeline.stats:
+    for s in blocks:
         if s.block not in ("split", "tokenizer") and not s.block.startswith("pack"):
             print(f"[data] {s.summary()}")
     tok = stats["tokenizer"].extra
-    trained = "tokenizer" not in pipeline.reused and "reused" not in tok
+    trained = not any(stage.endswith("tokenizer") for stage in reused) and "reused" not in tok
     measured = f"{tok['bytes_per_token']:.2f} bytes/token" if tok.get("bytes_per_token") else "no text to measure"
     print(
         f"[tokenizer] {'trained' if trained else 'loaded'} byte-level BPE, {vocab} tokens; "
@@ -305,7 +308,7 @@ def report_data(pipeline: Pipeline, source: str, vocab: int) -> None:
             continue
         print(
             f"[pack] {name}: {c['tokens']:,} tokens -> {c['blocks']:,} blocks of {c['seq_len']} "
-            f"({c['tail_tokens_dropped']:,} tail tokens dropped){' [reused cache]' if 'pack' in pipeline.reused else ''}"
+            f"({c['tail_tokens_dropped']:,} tail tokens dropped){' [reused cache]' if any(stage.endswith('pack') for stage in reused) else ''}"
         )
 
 

@@ -85,9 +85,10 @@ def prepare_trial_data(config, out_dir: Path, seq_len: int) -> tuple[Path, int]:
     compared on the same blocks, whatever they hold."""
     from transformers import AutoTokenizer
 
+    from .data.chain import run_pipeline
     from .data.corpus import write_embedded_corpus
-    from .data.pipeline import packed_path, run_pipeline, tokenizer_path
     from .data.pipeline_config import PipelineConfig
+    from .data.prepared import packed_path, tokenizer_path
 
     data_dir = out_dir / "data"
     corpus = write_embedded_corpus(data_dir / "corpus")
@@ -125,9 +126,8 @@ def repeat_to(data, rows: int):
 
 def run_worker(spec: TrialSpec) -> dict:
     """Train one recipe (in this process) and return its row."""
-    from datasets import load_from_disk
-
     from .data import PackedDocumentCollator
+    from .data.prepared import load_split
     from .modeling import PretrainForCausalLM
     from .precision.recipes import emulated
     from .presets import load_config
@@ -137,7 +137,7 @@ def run_worker(spec: TrialSpec) -> dict:
     torch.manual_seed(spec.seed)
     config = load_config(spec.config)
     config.max_position_embeddings = max(config.max_position_embeddings, spec.seq_len)
-    data = load_from_disk(spec.data_dir)
+    data = load_split(Path(spec.data_dir))
     needed = spec.batch_size * (spec.steps + 1)
     data = repeat_to(data, needed)
     args = PretrainingArguments(

@@ -84,7 +84,6 @@ def test_compile_benchmark_times_eager_whole_model_and_blocks(capsys):
 
 @pytest.mark.exhaustive
 def test_data_scale_benchmark_runs_on_the_local_executor(capsys):
-    pytest.importorskip("datatrove", reason="datatrove is not installed: pip install 'hf_pretrain[datatrove]'")
     results = load("data_scale").main(["--docs", "200", "--scales", "1", "2", "--executors", "local"])
     quality = results[("quality", 2)]
     assert quality["sharded"]["recall"] == quality["one"]["recall"]

@@ -274,7 +274,7 @@ def test_a_mixture_of_prepared_sources_trains_in_its_order_with_their_tokenizer(
     realised shares in the training logs; sources tokenized differently are one error line."""
     from hf_pretrain.data import embedded_documents
     from hf_pretrain.data.mixture import MixtureDataset
-    from hf_pretrain.data.pipeline import tokenizer_path
+    from hf_pretrain.data.prepared import tokenizer_path
 
     example = example_module()
     docs = embedded_documents()
@@ -305,7 +305,7 @@ def test_a_mixture_of_prepared_sources_trains_in_its_order_with_their_tokenizer(
 
 def best_fit_source(tmp_path: Path, name: str, documents: list[str], tokenizer: str | None = None) -> Path:
     """A source prepared with best-fit packing (rows of different lengths, docs/data.md's own example mode)."""
-    from hf_pretrain.data.pipeline import Pipeline
+    from hf_pretrain.data.chain import run_pipeline
     from hf_pretrain.data.pipeline_config import PipelineConfig
 
     corpus = tmp_path / f"{name}.jsonl"
@@ -319,7 +319,7 @@ def best_fit_source(tmp_path: Path, name: str, documents: list[str], tokenizer: 
         tokenizer={"path": tokenizer} if tokenizer else {"vocab_size": 300},
         pack={"seq_len": 64, "mode": "best_fit"},
     )
-    Pipeline(config, verbose=False).run()
+    run_pipeline(config, verbose=False)
     return tmp_path / name
 
 
@@ -327,7 +327,7 @@ def test_a_mixture_of_best_fit_sources_trains_and_resumes_exactly(tmp_path, caps
     """Best-fit rows differ in length: the example's collator pads them (it raised at the first batch), and a run
     resumed from a checkpoint of the straight run repeats its losses bit for bit."""
     from hf_pretrain.data import embedded_documents
-    from hf_pretrain.data.pipeline import load_packed, tokenizer_path
+    from hf_pretrain.data.prepared import load_packed, tokenizer_path
     from hf_pretrain.telemetry.jsonl import read_jsonl
 
     example = example_module()

@@ -124,13 +124,59 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles():
-    # a package's __init__ importing its own modules is no cycle: only module -> module edges count
-    graph = {
-        name: {t for t in targets if not (PACKAGE.parent / t.replace(".", "/") / "__init__.py").exists()}
-        for name, targets in import_graph().items()
-    }
-    assert cycles(graph) == []
+    # every edge counts, into a package's __init__ too (an __init__ re-exports: its own edges lead on to its modules)
+    assert cycles(import_graph()) == []
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]  # the check can fail
+
+
+def packages() -> list[str]:
+    return sorted(module_name(path) for path in PACKAGE.rglob("__init__.py"))
+
+
+def folder_cycles(graph: dict[str, set[str]]) -> list[tuple[str, list[str]]]:
+    """Inside each package, its modules and sub-folders as rooms (a folder is one room): the cycles between rooms.
+    `pipeline_config -> engines/config` beside `engines/stages -> pipeline_config` is one, though no module cycle."""
+    found = []
+    for package in packages():
+        rooms: dict[str, set[str]] = {}
+        for name, targets in graph.items():
+            if (source := room(package, name)) is not None:
+                inside = {room(package, target) for target in targets}
+                rooms.setdefault(source, set()).update(inside - {None, source})
+        found += [(package, cycle) for cycle in cycles(rooms)]
+    return found
+
+
+def room(package: str, name: str) -> str | None:
+    """The room of module `name` in `package`: its module or sub-folder there; None outside the package."""
+    return name.split(".")[package.count(".") + 1] if name.startswith(package + ".") else None
+
+
+def test_no_import_runs_back_up_between_the_folders_of_a_package():
+    assert folder_cycles(import_graph()) == []
+    loop = {
+        "hf_pretrain.data.pipeline_config": {"hf_pretrain.data.engines.config"},
+        "hf_pretrain.data.engines.stages": {"hf_pretrain.data.pipeline_config"},
+        "hf_pretrain.data.read": {"hf_pretrain.data.blocks"},
+    }
+    assert ("hf_pretrain.data", ["engines", "pipeline_config"]) in folder_cycles(loop)  # the check can fail
+
+
+def holds_code(source: str) -> bool:
+    """More than a docstring, imports and assignments (re-export tables, `__getattr__ = lazy_getattr(...)`)."""
+    allowed = (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign)
+    docstring = lambda node: isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)  # noqa: E731
+    return any(not (isinstance(node, allowed) or docstring(node)) for node in ast.parse(source).body)
+
+
+def test_a_package_init_holds_re_exports_only():
+    # the package root excepted: it is the import hook that registers the model with transformers' auto classes
+    # and filters two import-time messages (its docstring says why), and nothing imports it (test above)
+    inits = [PACKAGE.parent / name.replace(".", "/") / "__init__.py" for name in packages() if name != "hf_pretrain"]
+    holding = [str(path.relative_to(ROOT)) for path in inits if holds_code(path.read_text())]
+    assert holding == [], "move the code into a module of the package and re-export it"
+    assert holds_code("def f():\n    pass\n") and holds_code("register(A)\n")  # the check can fail
+    assert not holds_code('"""Doc."""\nfrom .a import b\n__all__ = ["b"]\n')
 
 
 # transformers' private surface: one module (training/private.py) overrides private Trainer

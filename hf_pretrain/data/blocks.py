@@ -19,9 +19,11 @@ been consumed (`stats` fills up as it is iterated).
 whose input is a path) and `Pack` (whose rows are blocks of tokens) are blocks too: they replace
 `mark` (and `Pack` its counting, `keep`), not `run`.
 
-Written by hand on top of `datasets.map/filter`: datatrove has the same shape (blocks with
-counters) but its own document type and executors, not `datasets`, which the rest of this
-package (packing, the Trainer) reads.
+The chain runs these blocks inside datatrove's executors (`chain/stages.py`: each stage a datatrove step whose
+task runs our blocks on its shard). A block works on a `datasets` table rather than datatrove's `Document` stream
+because packing and the Trainer read Arrow tables, and a task's shard is one. Which of our rule blocks datatrove's
+own (Gopher, C4, FineWeb filters; its MinHash stages) should replace is measured in
+`benchmarks/datatrove_parts.py` (docs/data.md).
 """
 
 from __future__ import annotations

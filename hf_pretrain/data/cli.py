@@ -164,7 +164,7 @@ def prepare(argv: list[str]) -> list[BlockStats]:
     parser.add_argument("--tasks", type=int, help="with --executor: number of shards (tasks)")
     parser.add_argument("--workers", type=int, help="with --executor: tasks running at once")
     args = parser.parse_args(argv)
-    from .pipeline import run_pipeline
+    from .chain import run_pipeline
     from .pipeline_config import PipelineConfig
 
     if args.tasks is not None and args.tasks < 1:

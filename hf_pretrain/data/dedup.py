@@ -28,9 +28,10 @@ Streaming: a streaming `IterableDataset` is refused with a ValueError (dedup nee
 data it can index by row): load the data without `streaming=True`, or write the previous step to
 disk (`save_to_disk`, `Dataset.from_generator`) and load that.
 
-Why by hand: text-dedup and datatrove run their own executors and document types rather than
-`datasets`, which the rest of this package (packing, the Trainer) reads; datasketch builds its
-signatures one document at a time (see `minhash.py`).
+Where it runs: `hf-pretrain data dedup` (one step, one process) runs `MinHashDedup` as it is; the chain
+(`chain/`) decides the verdicts with the sharded driver (`chain/dedup_shards.py`: the same signatures, bands
+and clusters, split into datatrove tasks) and applies them with `_GlobalDedup`'s marking, so both keep the same
+rows (tests/data/test_chain.py). datasketch builds its signatures one document at a time (see `minhash.py`).
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ def load_source(path: str | Path, split: str):
     """A source's packed rows: a `prepare` output folder's split (`load_packed`), or a `save_to_disk` folder."""
     from datasets import load_from_disk
 
-    from .pipeline import load_packed
+    from .prepared import load_packed
 
     path = Path(path)
     if not path.exists():

@@ -4,7 +4,7 @@ One field per global setting and one section per step (`clean`, `perplexity`, `d
 `tokenizer`, `pack`); a section set to `None` (`null` in the JSON file) skips its step. Each
 section is checked against the keyword arguments of the block it configures (`settable_keys`), so
 an unknown key is one line naming the section and the valid keys, and a value the block refuses is
-its own error prefixed with the section. `pipeline.py` runs the steps.
+its own error prefixed with the section. `chain/run.py` runs the steps.
 
 Types are checked in one place, `check_types`, against the annotations of `PipelineConfig` and of
 each section's block (a JSON file has no types of its own: `"0.05"` is a string), so a value of
@@ -41,7 +41,9 @@ class PipelineConfig:
     dedup: dict | None = field(default_factory=dict)  # {"exact": true, "threshold": 0.8, "num_perm": 128, ...}
     tokenizer: dict | None = field(default_factory=lambda: {"vocab_size": 32768})  # or {"path": existing}
     pack: dict | None = field(default_factory=lambda: {"seq_len": 4096, "mode": "best_fit"})
-    executor: dict | None = None  # {"kind": "local" | "slurm" | "ray", "tasks": 64, ...}: data/engines/; None: here
+    executor: dict | None = (
+        None  # {"kind": "local" | "slurm" | "ray", "tasks": 64, ...}: data/chain/; None: the local executor
+    )
 
     def __post_init__(self):
         """Every field and section checked before any data is read: types, unknown keys, missing ones, values the
@@ -133,7 +135,7 @@ def _check_pack(values) -> None:
 
 
 def _check_executor(values) -> None:
-    from .engines.config import ExecutorConfig
+    from .executor_config import ExecutorConfig
 
     ExecutorConfig(**check_section("executor", values, settable_keys(ExecutorConfig))).check_installed()
 

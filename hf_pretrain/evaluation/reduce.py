@@ -142,7 +142,7 @@ def _result(metrics: dict) -> dict[str, float]:
 
 
 def _load_metrics() -> dict:
-    from . import METRICS, load_metric
+    from .shipped_metrics import METRICS, load_metric
 
     return {name: load_metric(name) for name in METRICS}
 

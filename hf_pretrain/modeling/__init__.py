@@ -1,11 +1,7 @@
-"""The model and nothing else: config, attention entry point, decoder, export."""
-
-from transformers import AutoConfig, AutoModelForCausalLM
+"""The model and nothing else: config, attention entry point, decoder, export. Importing it registers the model with
+transformers' auto classes (`configuration.py` and `model.py` register their own class)."""
 
 from .configuration import PretrainConfig
 from .model import PretrainForCausalLM, PretrainModel
-
-AutoConfig.register(PretrainConfig.model_type, PretrainConfig)
-AutoModelForCausalLM.register(PretrainConfig, PretrainForCausalLM)
 
 __all__ = ["PretrainConfig", "PretrainForCausalLM", "PretrainModel"]

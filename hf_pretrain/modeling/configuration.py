@@ -17,7 +17,7 @@ field: docs/model.md and docs/moe.md.
 from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
-from transformers import LlamaConfig
+from transformers import AutoConfig, LlamaConfig
 from transformers.activations import ACT2FN
 
 from .accounting import layer_windows
@@ -203,3 +203,6 @@ class PretrainConfig(LlamaConfig):
             return ["dense"] * self.num_hidden_layers
         sparse = set(moe_layer_indices(self.num_hidden_layers, self.moe_every, self.moe_layer_fraction))
         return ["sparse" if i in sparse else "dense" for i in range(self.num_hidden_layers)]
+
+
+AutoConfig.register(PretrainConfig.model_type, PretrainConfig)  # AutoConfig.from_pretrained reads our checkpoints

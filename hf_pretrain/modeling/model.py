@@ -33,7 +33,7 @@ from contextvars import ContextVar
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.loss.loss_utils import ForCausalLMLoss
@@ -454,3 +454,6 @@ class PretrainForCausalLM(PretrainPreTrainedModel, GenerationMixin):
             hidden_states=outputs.hidden_states,
             router_logits=router_logits,
         )
+
+
+AutoModelForCausalLM.register(PretrainConfig, PretrainForCausalLM)  # AutoModelForCausalLM.from_pretrained builds it

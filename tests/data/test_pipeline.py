@@ -8,7 +8,17 @@ from transformers import AutoTokenizer
 
 from hf_pretrain.cli import main
 from hf_pretrain.data import embedded_documents
-from hf_pretrain.data.pipeline import load_packed
+from hf_pretrain.data.prepared import load_packed, tokenizer_path
+
+STAGES = ("01-documents", "02-buckets", "03-clusters", "04-tokenizer", "05-pack")
+
+
+def kept_documents(out, split: str):
+    """The documents the chain kept in `split`, in order (each pack task's shard)."""
+    from datasets import concatenate_datasets
+
+    shards = sorted((out / "05-pack" / "documents" / split).glob("0*"))
+    return concatenate_datasets([load_from_disk(str(p)) for p in shards])
 
 
 def dirty_corpus(folder):
@@ -48,10 +58,10 @@ def test_prepare_runs_the_chain_and_a_relaunch_reuses_complete_steps(tmp_path, c
     assert stats["pack train"]["extra"]["tokens"] == sum(len(ids) for ids in packed["train"]["input_ids"])
     for step in ("read", "clean", "dedup", "tokenizer", "pack"):
         assert step in table
-    first_run = (tmp_path / "out" / "03-dedup" / "stats.json").stat().st_mtime_ns
+    first_run = (tmp_path / "out" / "03-clusters" / "tasks" / "00000.json").stat().st_mtime_ns
     assert main(["data", "prepare", str(tmp_path / "pipeline.json")]) == 0
-    assert "reused: read, clean, dedup, split, tokenizer, pack" in capsys.readouterr().out
-    assert (tmp_path / "out" / "03-dedup" / "stats.json").stat().st_mtime_ns == first_run
+    assert f"reused: {', '.join(STAGES)})" in capsys.readouterr().out
+    assert (tmp_path / "out" / "03-clusters" / "tasks" / "00000.json").stat().st_mtime_ns == first_run
 
 
 def test_single_steps_from_the_command_line(tmp_path):
@@ -87,13 +97,13 @@ def test_fields_survive_the_chain_and_blocks_name_their_documents(tmp_path):
     (tmp_path / "pipeline.json").write_text(json.dumps(config))
     assert main(["data", "prepare", str(tmp_path / "pipeline.json")]) == 0
     by_id = {r["id"]: r for r in recs}
-    split = load_from_disk(str(tmp_path / "out" / "05-split" / "data"))
+    split = {name: kept_documents(tmp_path / "out", name) for name in ("train", "heldout")}
     kept = [row for name in ("train", "heldout") for row in split[name]]
     assert "copy-of-3" not in {row["doc_id"] for row in kept} and len(kept) >= 100
     for row in kept:  # every field as it was in the file (clean rewrites only the text)
         original = by_id[row["doc_id"]]
         assert {k: row[k] for k in ("id", "url", "meta")} == {k: original[k] for k in ("id", "url", "meta")}
-    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "out" / "06-tokenizer" / "tokenizer"))
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path(tmp_path / "out")))
     for name in ("train", "heldout"):
         text_of = {row["doc_id"]: row["text"] for row in split[name]}
         packed = load_packed(tmp_path / "out")[name]
@@ -230,21 +240,22 @@ def test_a_step_runs_again_when_its_settings_or_input_change(tmp_path, capsys):
     (tmp_path / "p.json").write_text(json.dumps({**config, "pack": {"seq_len": 64, "mode": "concat"}}))
     capsys.readouterr()
     assert main(["data", "prepare", str(tmp_path / "p.json")]) == 0
-    assert "reused: read, clean, dedup, split, tokenizer)" in capsys.readouterr().out
+    assert f"reused: {', '.join(STAGES[:-1])})" in capsys.readouterr().out  # only the pack stage ran again
     assert len(load_packed(tmp_path / "out")["train"][0]["input_ids"]) == 64  # not the 128-token blocks
     with raw.open("a") as f:
         f.write(json.dumps({"text": " ".join(["a new document with enough words to be kept"] * 8)}) + "\n")
     assert main(["data", "prepare", str(tmp_path / "p.json")]) == 0
-    assert "reused" not in capsys.readouterr().out  # the read changed, so every later step ran again
+    assert "complete from an earlier run" not in capsys.readouterr().out  # the read changed: every stage ran again
     stats = {s["block"]: s for s in json.loads((tmp_path / "out" / "stats.json").read_text())}
     assert stats["read"]["documents_in"] == 121
 
 
 def test_a_heldout_split_too_small_for_one_block_is_left_unpacked_with_the_reason(tmp_path):
-    """The input's own `validation` split is the held-out one (not re-split by hash); too short for a block."""
+    """The input's own `validation` split is the held-out one (not re-split by hash: cleaned, not deduplicated); too
+    short for a block."""
     from datasets import Dataset, DatasetDict
 
-    from hf_pretrain.data.pipeline import run_pipeline
+    from hf_pretrain.data.chain import run_pipeline
     from hf_pretrain.data.pipeline_config import PipelineConfig
 
     train = Dataset.from_dict({"text": embedded_documents()[:80], "id": [f"t{i}" for i in range(80)]})
@@ -253,7 +264,7 @@ def test_a_heldout_split_too_small_for_one_block_is_left_unpacked_with_the_reaso
     config = PipelineConfig(
         input=str(tmp_path / "saved"),
         output_dir=str(tmp_path / "out"),
-        clean=None,
+        clean={"min_tokens": 1},
         dedup={"verbose": False},
         tokenizer={"vocab_size": 300},
         pack={"seq_len": 64, "mode": "concat"},
@@ -261,10 +272,11 @@ def test_a_heldout_split_too_small_for_one_block_is_left_unpacked_with_the_reaso
     stats = {s.block: s for s in run_pipeline(config, verbose=False)}
     assert stats["read"].documents_out == 80 and stats["read heldout"].documents_out == 1
     assert stats["split"].extra == {
-        "train": stats["minhash_dedup train"].documents_out,
+        "train": stats["minhash_dedup"].documents_out,
         "heldout": 1,
         "heldout_fraction": None,
     }
-    assert "exact_dedup heldout" in stats  # every document block ran on each split
+    assert stats["clean heldout"].documents_in == 1  # the document blocks ran on it; dedup did not
+    assert "exact_dedup heldout" not in stats
     assert stats["pack heldout"].extra["skipped"].startswith("No 64-token block could be packed from 1 documents")
     assert set(load_packed(tmp_path / "out")) == {"train"}

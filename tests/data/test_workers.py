@@ -1,4 +1,5 @@
-"""`kill -9` of `hf-pretrain data prepare` in the middle of a multi-process map leaves no process behind."""
+"""`kill -9` of `hf-pretrain data prepare` in the middle of a stage leaves no process behind (the executor's manager
+and its pool of tasks)."""
 
 import contextlib
 import ctypes
@@ -18,13 +19,16 @@ from hf_pretrain.data.workers import children_die_with_parent
 DEADLINE_S = 240
 
 
-def corpus(path, copies: int = 12) -> None:
-    """Distinct documents (each copy numbered) so that every step has real work for a few seconds."""
+def corpus(folder, copies: int = 12, files: int = 2) -> None:
+    """Distinct documents (each copy numbered) so that every step has real work for a few seconds, in `files` files
+    (a task reads whole files: two tasks need two)."""
     docs = embedded_documents()
-    with path.open("w") as f:
-        for copy in range(copies):
-            for i, doc in enumerate(docs):
-                f.write(json.dumps({"text": f"Copy {copy} of {i}.\n{doc}", "id": f"{copy}-{i}"}) + "\n")
+    folder.mkdir()
+    for part in range(files):
+        with (folder / f"part-{part}.jsonl").open("w") as f:
+            for copy in range(part, copies, files):
+                for i, doc in enumerate(docs):
+                    f.write(json.dumps({"text": f"Copy {copy} of {i}.\n{doc}", "id": f"{copy}-{i}"}) + "\n")
 
 
 def alive(process: psutil.Process) -> bool:
@@ -45,18 +49,18 @@ def forked(parent: psutil.Process) -> list[psutil.Process]:
 
 
 def stop_in_step(proc: subprocess.Popen, out, step: str, num_proc: int) -> list[psutil.Process] | None:
-    """Freeze `proc` (SIGSTOP) once `step` runs a map: its `num_proc` pool workers and the manager are up.
-    Returns every descendant; while the parent is stopped, no worker can be told to finish. None when the map was
-    missed: the pipeline went past `step` (or ended) between two looks, as on a loaded machine."""
+    """Freeze `proc` (SIGSTOP) once the executor runs `step`: its manager and, with `num_proc` tasks at once, its pool
+    workers are up. Returns every descendant; while the parent is stopped, no worker can be told to finish. None when
+    the stage was missed: the chain went past `step` (or ended) between two looks, as on a loaded machine."""
     parent = psutil.Process(proc.pid)
-    deadline = time.monotonic() + DEADLINE_S
+    deadline, children = time.monotonic() + DEADLINE_S, num_proc + 1 if num_proc > 1 else 1
     while time.monotonic() < deadline and proc.poll() is None:
-        steps = sorted(p.name for p in out.iterdir())
-        if steps and steps[-1] > step and not steps[-1].startswith(step):
+        steps = sorted(p.name for p in (out / "logs").iterdir()) if (out / "logs").exists() else []
+        if steps and steps[-1] > step:
             return None
-        if steps and steps[-1].startswith(step) and len(forked(parent)) >= num_proc + 1:
+        if steps and steps[-1] == step and len(forked(parent)) >= children:
             os.kill(proc.pid, signal.SIGSTOP)
-            if len(forked(parent)) >= num_proc + 1:
+            if len(forked(parent)) >= children:
                 return parent.children(recursive=True)
             os.kill(proc.pid, signal.SIGCONT)
         time.sleep(0.02)
@@ -65,9 +69,9 @@ def stop_in_step(proc: subprocess.Popen, out, step: str, num_proc: int) -> list[
 
 def launch_prepare(folder, num_proc: int) -> subprocess.Popen:
     folder.mkdir()
-    corpus(folder / "raw.jsonl")
+    corpus(folder / "raw")
     config = {
-        "input": str(folder / "raw.jsonl"),
+        "input": str(folder / "raw"),
         "output_dir": str(folder / "out"),
         "num_proc": num_proc,
         "tokenizer": {"vocab_size": 300},
@@ -87,7 +91,7 @@ def launch_prepare(folder, num_proc: int) -> subprocess.Popen:
 ATTEMPTS = 3  # a launch whose map was missed is replaced by a fresh one (a missed window is no result)
 
 
-@pytest.mark.parametrize("num_proc, step", [(1, "00-read"), (2, "01-clean"), (1, "03-dedup")])
+@pytest.mark.parametrize("num_proc, step", [(1, "01-documents"), (2, "01-documents"), (2, "05-pack")])
 def test_killed_prepare_leaves_no_process_behind(tmp_path, num_proc, step):
     for attempt in range(ATTEMPTS):
         proc = launch_prepare(tmp_path / f"attempt-{attempt}", num_proc)

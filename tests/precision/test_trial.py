@@ -114,17 +114,15 @@ def test_the_final_loss_is_the_mean_of_the_last_losses():
 
 
 def test_trial_data_is_packed_with_the_tokenizers_own_eos(tmp_path):
-    from datasets import load_from_disk
-
     from hf_pretrain.data.collator import document_position_ids
-    from hf_pretrain.data.pipeline import tokenizer_path
+    from hf_pretrain.data.prepared import load_split, tokenizer_path
     from hf_pretrain.presets import load_config
     from hf_pretrain.trial import prepare_trial_data
 
     path, eos = prepare_trial_data(load_config("tiny"), tmp_path, 64)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_path(tmp_path / "data" / "prepared")))
     assert eos == tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids("<|eos|>")
-    ids = torch.tensor(load_from_disk(str(path))["input_ids"][:32])
+    ids = torch.tensor(load_split(path)["input_ids"][:32])
     assert (ids == eos).any()  # documents end in that id inside the blocks...
     positions = document_position_ids(ids, eos)
     assert (positions[:, 1:] == 0).any()  # ...so the collator restarts positions after it

@@ -1,5 +1,5 @@
-"""The chain on datatrove's executors (`data/engines/`): local processes, a real Ray cluster and a real one-node Slurm
-give the one-machine chain's documents, tokenizer and packed tokens; the sharded MinHash dedup keeps what
+"""The chain on datatrove's executors (`data/chain/`): local processes, a real Ray cluster and a real one-node Slurm
+give the documents, tokenizer and packed tokens of one task in this process; the sharded MinHash dedup keeps what
 `MinHashDedup` keeps; a killed task is rerun by a relaunch, a corrupt input file is counted and named, two launches
 at once give the same output. The full matrix (every executor x every fault) is `exhaustive` (`make test-all`)."""
 
@@ -27,17 +27,13 @@ from datasets import Dataset, concatenate_datasets, load_from_disk
 from benchmarks.engine_clusters import free_port, ray_head, slurm_cluster, slurm_missing, stop_group, wait_until
 from hf_pretrain.cli import main
 from hf_pretrain.data import embedded_documents
+from hf_pretrain.data.chain import dedup_shards, run_pipeline
 from hf_pretrain.data.dedup import MinHashDedup
-from hf_pretrain.data.engines import dedup_shards
-from hf_pretrain.data.pipeline import load_packed, run_pipeline
 from hf_pretrain.data.pipeline_config import PipelineConfig
+from hf_pretrain.data.prepared import load_packed
 
 from .test_pipeline import dirty_corpus
 
-needs_datatrove = pytest.mark.skipif(
-    importlib.util.find_spec("datatrove") is None,
-    reason="datatrove is not installed: pip install 'hf_pretrain[datatrove]' (make test installs it)",
-)
 ROOT = Path(__file__).resolve().parents[2]
 DEDUP_ON: dict = {}  # the dedup section's defaults
 SETTINGS = {"heldout_fraction": 0.05, "tokenizer": {"vocab_size": 512}, "pack": {"seq_len": 128, "mode": "best_fit"}}
@@ -132,8 +128,9 @@ def test_sharded_exact_dedup_alone(tmp_path):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    """The dirty corpus in 4 files (so 2 tasks read 2 files each) and the one-machine chain's output over it, with
-    dedup (`one`) and without (`one-nodedup`: the chain of the default Ray and Slurm runs, 3 stages instead of 5)."""
+    """The dirty corpus in 4 files (so 2 tasks read 2 files each) and the chain's output over it as one task in this
+    process (no executor section), with dedup (`one`) and without (`one-nodedup`: the chain of the default Ray and
+    Slurm runs, 3 stages instead of 5)."""
     root = tmp_path_factory.mktemp("engines")
     dirty_corpus(root / "raw2")
     (root / "raw").mkdir()
@@ -173,11 +170,11 @@ def assert_one_machine_result(corpus: Path, out: Path, reference: str = "one") -
     from transformers import AutoTokenizer
 
     reference = corpus / reference
-    one = load_from_disk(str(reference / "05-split" / "data"))
     for split in ("train", "heldout"):
+        one = documents(reference / "05-pack" / "documents", split)
         mine = documents(out / "05-pack" / "documents", split)
-        assert mine["doc_id"] == one[split]["doc_id"] and mine["text"] == one[split]["text"]
-    tokenizer = (reference / "06-tokenizer" / "tokenizer" / "tokenizer.json").read_text()
+        assert mine["doc_id"] == one["doc_id"] and mine["text"] == one["text"]
+    tokenizer = (reference / "04-tokenizer" / "tokenizer" / "tokenizer.json").read_text()
     assert (out / "04-tokenizer" / "tokenizer" / "tokenizer.json").read_text() == tokenizer
     eos = AutoTokenizer.from_pretrained(str(out / "04-tokenizer" / "tokenizer")).eos_token_id
     theirs, mine = load_packed(reference), load_packed(out)
@@ -199,7 +196,6 @@ def cli(*args: str, env: dict | None = None, timeout: float = 600, **kwargs) -> 
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout, **kwargs)
 
 
-@needs_datatrove
 def test_local_executor_gives_the_one_machine_result_and_a_relaunch_reuses_it(corpus, tmp_path, capsys):
     out = tmp_path / "local"
     path = config_file(corpus, out)
@@ -211,11 +207,11 @@ def test_local_executor_gives_the_one_machine_result_and_a_relaunch_reuses_it(co
     assert main(["data", "prepare", str(path), "--executor", "local", "--tasks", "2"]) == 0
     assert "05-pack             2     0       2" in capsys.readouterr().out  # nothing ran again
     assert (out / "05-pack" / "tasks" / "00001.json").stat().st_mtime_ns == done
-    assert main(["data", "prepare", str(path), "--executor", "local", "--tasks", "3"]) == 2  # another sharding
-    assert "holds the run of another config, input or number of tasks" in capsys.readouterr().err
+    assert main(["data", "prepare", str(path), "--executor", "local", "--tasks", "3"]) == 0  # another sharding
+    assert "01-documents        3     3       0" in capsys.readouterr().out  # runs every stage again
+    assert_one_machine_result(corpus, out)
 
 
-@needs_datatrove
 def test_num_proc_under_the_local_executor_gives_the_result_without_it(corpus, tmp_path):
     """`num_proc` (the one-machine chain's worker processes; the docs' example sets it) under the local executor: the
     tasks run their blocks in their own process (datatrove's pool workers are daemonic: no `datasets` pool inside)
@@ -227,7 +223,6 @@ def test_num_proc_under_the_local_executor_gives_the_result_without_it(corpus, t
     assert_one_machine_result(corpus, out, "one-nodedup")
 
 
-@needs_datatrove
 def test_the_tokenizer_is_trained_once_on_its_sample_and_packs_every_shard(corpus, tmp_path, capsys):
     """`tokenizer_sample_documents` below the training documents: one tokenizer task on that many, and every pack
     shard's rows are its tokens of that shard's documents (workers 1: the tasks run in this process)."""
@@ -288,13 +283,12 @@ def special_tokens(out: Path) -> tuple[int, int]:
     """The end-of-document and padding ids of a prepare's tokenizer."""
     from transformers import AutoTokenizer
 
-    from hf_pretrain.data.pipeline import tokenizer_path
+    from hf_pretrain.data.prepared import tokenizer_path
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path(out)))
     return tokenizer.eos_token_id, tokenizer.pad_token_id
 
 
-@needs_datatrove
 def test_training_on_an_executors_shards_resumes_exactly(corpus, tmp_path):
     """`load_packed` over 2 packed shards is one dataset with a fixed fingerprint: 3 + 3 resumed steps give the
     losses of 6 straight (the sampler positioned in the concatenated rows, as on a one-machine prepare)."""
@@ -304,7 +298,6 @@ def test_training_on_an_executors_shards_resumes_exactly(corpus, tmp_path):
     assert_resumes_exactly(lambda: load_packed(out)["train"], special_tokens(out), tmp_path)
 
 
-@needs_datatrove
 def test_a_mixture_of_an_executors_shards_and_a_one_machine_output_reads_every_shard_and_resumes_exactly(
     corpus, tmp_path
 ):
@@ -401,7 +394,6 @@ def test_slurm_executor_gives_the_one_machine_result(corpus, tmp_path, slurm_env
     assert_one_machine_result(corpus, out)
 
 
-@needs_datatrove
 def test_slurm_without_its_commands_is_one_line_before_any_data_work(corpus, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # a machine that is no Slurm login node
     out = tmp_path / "slurm"
@@ -464,8 +456,8 @@ def test_a_wrong_ray_address_is_one_line_within_seconds(tmp_path, listening):
 # ---- faults ----------------------------------------------------------------------------------------------------------
 
 FAULTY_LAUNCH = """
-from hf_pretrain.data.engines import stages
-from hf_pretrain.data.pipeline import run_pipeline
+from hf_pretrain.data.chain import stages
+from hf_pretrain.data.chain import run_pipeline
 from hf_pretrain.data.pipeline_config import PipelineConfig
 
 
@@ -553,7 +545,6 @@ def killed_task_then_relaunch(corpus: Path, tmp_path: Path, env: dict | None = N
     return relaunch.stdout
 
 
-@needs_datatrove
 def test_a_killed_local_task_is_rerun_by_a_relaunch(corpus, tmp_path):
     printed = killed_task_then_relaunch(corpus, tmp_path, kind="local", tasks=2, workers=2)
     assert "01-documents        2     1       1" in printed  # only the killed task ran again
@@ -591,7 +582,6 @@ def check_corrupt_named(out: Path, printed: str) -> None:
     assert "corrupt input, read up to the break" in printed and "part-1.jsonl.gz:after" in printed
 
 
-@needs_datatrove
 def test_a_corrupt_input_file_is_counted_and_named(tmp_path, capsys):
     corrupt_corpus(tmp_path / "raw")
     config = {"input": str(tmp_path / "raw"), "output_dir": str(tmp_path / "out"), "tokenizer": None, "clean": None}
@@ -600,7 +590,6 @@ def test_a_corrupt_input_file_is_counted_and_named(tmp_path, capsys):
     check_corrupt_named(tmp_path / "out", capsys.readouterr().out)
 
 
-@needs_datatrove
 def test_a_corrupt_parquet_file_is_left_out_counted_once_and_named(tmp_path, capsys):
     import pyarrow.parquet as pq
 
@@ -640,7 +629,6 @@ def stats_without_times(out: Path) -> list[dict]:
     return stats
 
 
-@needs_datatrove
 def test_a_shard_of_bad_files_keeps_nothing_and_the_counts_do_not_depend_on_the_tasks(tmp_path, capsys):
     """With 2 tasks the second shard reads only files without a document: it keeps none, counted; the run gives the
     counts of 1 task. Only an input that yields nothing at all is the one-machine read's error, for any tasks."""
@@ -720,7 +708,7 @@ def lock_waited_for(lock: Path) -> bool:
 @pytest.mark.parametrize(
     "kind",
     [
-        pytest.param("local", marks=needs_datatrove),
+        pytest.param("local"),
         pytest.param("ray", marks=pytest.mark.exhaustive),
         pytest.param("slurm", marks=pytest.mark.exhaustive),
     ],

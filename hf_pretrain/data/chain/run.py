@@ -1,37 +1,46 @@
-"""The data chain on a distributed engine: datatrove's local, Slurm and Ray executors run the same stages.
+"""The data chain: every stage a datatrove pipeline step, run by datatrove's local, Slurm or Ray executor.
 
-`run_engine(config)` (what `hf-pretrain data prepare` runs when the config has an `executor` section, or with
-`--executor local|slurm|ray`) splits the input into `tasks` shards and runs the chain as the stages of
-`stages.py`, each a datatrove pipeline step run by the chosen executor (`executors.py`); the global MinHash dedup
-is sharded by band and key range (`dedup_shards.py`). The result is the one-machine chain's: the same documents
-kept (the shards are contiguous parts of the input, so dedup keeps the same copy), the same tokenizer when the
-sample holds every training document, each shard packed on its own (`05-pack/train/SHARD`), and `load_packed`
-reads the shards as one dataset. Counters are ours, merged over the tasks into `OUTPUT/stats.json` and the same
-summary table; `OUTPUT/tasks.json` has each task's seconds, peak memory and the memory its block added.
+`run_pipeline(config)` (what `hf-pretrain data prepare`, `examples/pretrain.py` and the precision trial run)
+splits the input into `tasks` shards and runs the stages of `stages.py` on the executor of the config's
+`executor` section (`executors.py`); without one, on the local executor in this process with one task, or
+`num_proc` tasks at once. The global MinHash dedup is sharded by band and key range (`dedup_shards.py`). The
+result does not depend on the executor or the number of tasks: the same documents kept (the shards are
+contiguous parts of the input, so dedup keeps the same copy), the same tokenizer when the sample holds every
+training document, each shard packed on its own (`05-pack/train/SHARD`), and `prepared.load_packed` reads the
+shards as one dataset. Counters are ours, merged over the tasks into `OUTPUT/stats.json` and the summary table;
+`OUTPUT/tasks.json` has each stage's tasks (run or reused), seconds, peak memory and the memory its block added.
 
-`num_proc` is the one-machine chain's worker processes per step. Under an executor a task is one process (datatrove's
-local pool workers are daemonic and may not start `datasets`' pools of their own): the tasks run their blocks in
-their own process, the executor's `tasks` and `workers` are the parallelism, and on the local executor `num_proc`,
-when `workers` is not given, is how many tasks run at once. A shard whose files hold no document keeps none; the run
-fails, with the one-machine read's error, only when the whole input yields nothing (`check_something_read`).
+Reuse: each stage's key (`NN-stage/stage.json`) hashes its settings and the key of the stage before it (the
+documents stage's: the input files' names, sizes and modification times, and the number of shards). A relaunch
+runs only the tasks without datatrove's completion mark; a stage whose key changed is removed, with every later
+one, and runs again (a new `pack` section re-packs; an edited input file reruns everything). Two launches into
+one folder: with the same config they share the work (a task's lock, `stages.task_lock`); a launch that would
+remove a stage while another launch runs is refused.
+
+Under an executor a task is one process (datatrove's local pool workers are daemonic and may not start
+`datasets`' pools of their own): the tasks run their blocks in their own process, the executor's `tasks` and
+`workers` are the parallelism, and on the local executor `num_proc`, when `workers` is not given, is how many
+tasks run at once. A shard whose files hold no document keeps none; the run fails, with the read's error, only
+when the whole input yields nothing (`check_something_read`).
 
 Why datatrove: its three executors run one pipeline unchanged, mark completed tasks so that a relaunch reruns
-only the others, and keep a log per task (FineWeb was built with it); the blocks and their rules stay ours.
-A relaunch with another config, input or number of tasks into the same folder is refused (`engine.json`).
+only the others, and keep a log per task (FineWeb was built with it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import dataclasses
+import fcntl
 import json
+import shutil
 import sys
 from pathlib import Path
 
 from ..blocks import BlockStats
-from ..pipeline import _key, files_signature, summary_table
+from ..executor_config import ExecutorConfig
 from ..pipeline_config import PipelineConfig
-from .config import ExecutorConfig
+from ..prepared import config_key, files_signature, summary_table
 from .dedup_shards import write_json
 
 CONSTANT = {"mode", "seq_len", "bands", "rows", "num_perm", "threshold", "heldout_fraction", "vocab_size"}
@@ -49,11 +58,8 @@ def count_shards(config: PipelineConfig, tasks: int) -> int:
     if kind == "disk":
         loaded = load_from_disk(str(files[0]))
         if isinstance(loaded, DatasetDict):
-            if own_heldout(loaded):
-                raise ValueError(
-                    f"input={config.input!r} brings its own held-out split ({own_heldout(loaded)!r}): the executors "
-                    "read one dataset; run prepare without an executor, or save the train split alone."
-                )
+            if "train" not in loaded and own_heldout(loaded):
+                raise ValueError(f"input={config.input!r} has splits {list(loaded)}, no 'train'; save one named train.")
             loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
         rows = len(loaded)
     elif kind in ("parquet", "arrow"):
@@ -76,21 +82,70 @@ def chain(plan, config: ExecutorConfig) -> list[tuple]:
     return [*steps, (s.Pack(plan), plan.shards)]
 
 
-def check_key(out: Path, key: str) -> None:
-    """The folder holds this run (or nothing yet); another config's run is refused, not mixed with this one.
+def stage_settings(plan, stage) -> list:
+    """What a stage's output depends on, beside the stages before it."""
+    c = plan.config
+    if stage.folder == "01-documents":
+        return [files_signature(c.input), c.text_column, c.max_bytes, c.clean, c.perplexity, c.dedup, plan.shards]
+    if stage.folder == "04-tokenizer":
+        path = c.tokenizer.get("path")
+        signature = files_signature(path) if path else None
+        return [c.tokenizer, signature, c.heldout_fraction, plan.tokenizer_sample_documents]
+    if stage.folder == "05-pack":
+        return [c.pack, c.heldout_fraction]
+    return [c.dedup]
 
-    Checked and written under a lock (`locks/engine.lock`): of two launches with different configs started at
-    once, the second sees the first's `engine.json` and is refused."""
+
+def stage_keys(plan, steps: list[tuple]) -> dict[str, str]:
+    """Each stage's key: its settings and the key of the stage before it (module docstring)."""
+    keys, key = {}, ""
+    for stage, _ in steps:
+        key = keys[stage.folder] = config_key(key, stage.folder, stage_settings(plan, stage))
+    return keys
+
+
+@contextlib.contextmanager
+def claimed(out: Path, keys: dict[str, str]):
+    """The folder for this run while it lasts: stages of other keys (and every later one) removed first.
+
+    Two locks: `locks/engine.lock`, held while the keys are checked and written, and `locks/run.lock`, shared by
+    every launch while it runs. Removing stages needs `run.lock` alone: a launch that would remove a stage while
+    another runs is one error. The kernel releases both when a launch dies."""
     from .stages import task_lock
 
-    path = out / "engine.json"
-    with task_lock(out / "locks" / "engine.lock"):
-        if path.exists() and json.loads(path.read_text()) != key:
-            raise ValueError(
-                f"output_dir={str(out)!r} holds the run of another config, input or number of tasks (engine.json): "
-                "pass a new output_dir, or delete that folder to start over."
-            )
-        write_json(path, key)
+    (out / "locks").mkdir(parents=True, exist_ok=True)
+    with open(out / "locks" / "run.lock", "a") as run:
+        with task_lock(out / "locks" / "engine.lock"):
+            found = {folder: stage_key(out / folder) for folder in keys}
+            changed = [folder for folder, key in keys.items() if found[folder] not in (key, None)]
+            stale = list(keys)[list(keys).index(changed[0]) :] if changed else []
+            if stale:
+                try:
+                    fcntl.flock(run, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise ValueError(
+                        f"output_dir={str(out)!r}: another launch with another config, input or number of tasks is "
+                        "running in it; wait for it to end, or pass a new output_dir."
+                    ) from None
+            for folder in keys:  # a changed stage, or completion marks left without their stage's folder
+                if folder in stale or found[folder] is None:
+                    for path in (out / folder, out / "logs" / folder):
+                        if path.exists():
+                            shutil.rmtree(path)
+            fcntl.flock(run, fcntl.LOCK_SH)  # exclusive -> shared (engine.lock held): launches of this config join
+            for folder, key in keys.items():
+                (out / folder).mkdir(parents=True, exist_ok=True)
+                write_json(out / folder / "stage.json", key)
+        yield
+
+
+def stage_key(folder: Path) -> str | None:
+    """The key a stage folder was made under; None when there is no such folder. A folder of an older version
+    without one is stale (its key is not this run's)."""
+    if not folder.exists():
+        return None
+    path = folder / "stage.json"
+    return json.loads(path.read_text()) if path.exists() else ""
 
 
 def merge(records: list[list[dict]]) -> list[BlockStats]:
@@ -199,11 +254,21 @@ def task_config(config: PipelineConfig, executor: ExecutorConfig) -> PipelineCon
     return in_task
 
 
-def run_engine(config: PipelineConfig, verbose: bool = True) -> list[BlockStats]:
+def executor_of(config: PipelineConfig) -> ExecutorConfig:
+    """The config's executor section; without one, the local executor: one task in this process (datatrove runs a
+    single worker's tasks in a loop), or `num_proc` tasks at once."""
+    if config.executor is not None:
+        return ExecutorConfig(**config.executor)
+    tasks = config.num_proc or 1
+    return ExecutorConfig(kind="local", tasks=tasks, workers=tasks)
+
+
+def run_pipeline(config: PipelineConfig, verbose: bool = True) -> list[BlockStats]:
+    """Run the chain (module docstring); returns every block's counters, summed over the tasks, in chain order."""
     from . import stages as s
     from .executors import check_ray, check_slurm, runner_for
 
-    executor = ExecutorConfig(**config.executor)
+    executor = executor_of(config)
     executor.check_installed()
     if executor.kind == "slurm":
         check_slurm(executor)
@@ -211,30 +276,31 @@ def run_engine(config: PipelineConfig, verbose: bool = True) -> list[BlockStats]
         check_ray(executor)
     if config.rank != 0 or config.world_size != 1:
         raise ValueError(
-            f"rank={config.rank}, world_size={config.world_size} with an executor: the executor shards the data "
-            "itself (executor tasks); leave rank 0 and world_size 1."
+            f"rank={config.rank}, world_size={config.world_size}: the chain shards the data itself (executor "
+            "tasks); leave rank 0 and world_size 1 and set tasks in the executor section."
         )
     shards = count_shards(config, executor.tasks)
     plan = s.Plan(task_config(config, executor), shards, executor.tokenizer_sample_documents)
     out = plan.out
     out.mkdir(parents=True, exist_ok=True)
-    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("executor", "num_proc")}
-    check_key(out, _key(settings, files_signature(config.input), shards))
     steps = chain(plan, executor)
     after = lambda stage: check_something_read(plan) if stage.folder == s.DOCUMENTS else None  # noqa: E731
-    report = runner_for(executor, out / "logs").run(steps, after)
-    if report is None:  # Slurm jobs submitted, not waited for
-        return []
-    stats, tasks = collect(plan, steps)
-    write_json(out / "tasks.json", tasks)
-    for folder in (s.TOKENIZER, s.PACK):  # what tokenizer_path / load_packed read
-        if (out / folder).exists():
-            name = folder.split("-", 1)[1]
-            mine = [b for b in stats if b.block.split()[0] == name]
-            write_json(out / folder / "stats.json", [b.to_dict() for b in mine])
-    write_json(out / "stats.json", [b.to_dict() for b in stats])
+    with claimed(out, stage_keys(plan, steps)):
+        report = runner_for(executor, out / "logs").run(steps, after)
+        if report is None:  # Slurm jobs submitted, not waited for
+            return []
+        stats, tasks = collect(plan, steps)
+        for task, run in zip(tasks, report):
+            task.update(ran=run["ran"], reused=run["reused"])
+        write_json(out / "tasks.json", tasks)
+        for folder in (s.TOKENIZER, s.PACK):  # what tokenizer_path / load_packed read
+            if (out / folder).exists():
+                name = folder.split("-", 1)[1]
+                mine = [b for b in stats if b.block.split()[0] == name]
+                write_json(out / folder / "stats.json", [b.to_dict() for b in mine])
+        write_json(out / "stats.json", [b.to_dict() for b in stats])
     if verbose:
-        print(summary_table(stats))
+        print(summary_table(stats, reused_stages(out)))
         print(tasks_table(report, tasks, executor.kind))
         for b in stats:
             broken = ", ".join(b.extra.get("corrupt_files", []))
@@ -243,3 +309,9 @@ def run_engine(config: PipelineConfig, verbose: bool = True) -> list[BlockStats]
             elif broken:
                 print(f"corrupt input, left out and counted as corrupt_file: {broken}")
     return stats
+
+
+def reused_stages(output_dir: str | Path) -> list[str]:
+    """The stages of the last run in `output_dir` whose every task was complete from an earlier launch."""
+    tasks = json.loads((Path(output_dir) / "tasks.json").read_text())
+    return [t["stage"] for t in tasks if t.get("ran") == 0]

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .config import ExecutorConfig
+from ..executor_config import ExecutorConfig
 from .stages import Stage
 
 

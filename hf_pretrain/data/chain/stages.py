@@ -3,12 +3,14 @@
 A `Stage` is a datatrove `PipelineStep` whose `run(data, rank, world_size)` does one task of one stage:
 
   01-documents  (a task per shard)  read (a contiguous part of the input's files or rows) -> clean -> perplexity
-                                    filter; the documents saved, with their hashes and MinHash band files
+                                    filter; the documents saved, with their hashes and MinHash band files; task 0
+                                    also reads, cleans and filters the input's own held-out split, if it has one
   02-buckets    (a task per units)  distinct candidate pairs of bands' key ranges (`dedup_shards.py`)
   03-clusters   (one task)          linked pairs, a block at a time -> clusters -> each shard's verdicts
   04-tokenizer  (one task)          trained once on the first training documents of the shards, or copied
   05-pack       (a task per shard)  the verdicts applied by our dedup blocks (reasons `exact_duplicate`,
-                                    `near_duplicate`), the held-out split (`split.py`), the documents saved
+                                    `near_duplicate`), the held-out split (`split.py`, or the input's own: it is
+                                    cleaned and filtered like train, not deduplicated), the documents saved
                                     (`05-pack/documents/{train,heldout}/SHARD`) and packed by `Pack` into
                                     `05-pack/{train,heldout}/SHARD`, which `load_packed` reads as one dataset
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import json
 import shutil
 import threading
@@ -34,11 +37,12 @@ import numpy as np
 import pyarrow.compute as pc
 from datatrove.pipeline.base import PipelineStep
 
-from ..blocks import DROP, BlockStats, shard_range
+from ..blocks import DROP, BlockStats, from_pretrained, shard_range
 from ..dedup import EXACT, REASONS, _GlobalDedup
 from ..pipeline_config import PipelineConfig
-from ..read import ReadFiles
+from ..read import ReadFiles, list_files
 from ..records import DOC_ID, RECORD
+from ..split import own_heldout
 from . import dedup_shards
 from .dedup_shards import DedupSettings, write_json
 
@@ -56,6 +60,15 @@ class Plan:
     @property
     def out(self) -> Path:
         return Path(self.config.output_dir)
+
+    @functools.cached_property
+    def own_heldout(self) -> str | None:
+        """The name of the held-out split a `save_to_disk` DatasetDict input brings (`split.own_heldout`), or None."""
+        from datasets import DatasetDict, load_from_disk
+
+        kind, files = list_files(self.config.input)
+        loaded = load_from_disk(str(files[0])) if kind == "disk" else None
+        return own_heldout(loaded) if isinstance(loaded, DatasetDict) else None
 
     @property
     def dedup(self) -> DedupSettings | None:
@@ -119,6 +132,21 @@ def task_lock(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def quiet_datasets():
+    """`datasets`' progress bars off while a task works (a bar for each map, filter and save would bury datatrove's
+    line per task), then as they were."""
+    import datasets
+
+    were_off = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not were_off:
+            datasets.enable_progress_bars()
+
+
 def replace_folder(tmp: Path, final: Path) -> None:
     """`tmp` renamed to `final` (an earlier, interrupted attempt's `final` removed first)."""
     if final.exists():
@@ -155,7 +183,7 @@ class Stage(PipelineStep):
         with task_lock(self.plan.out / "locks" / f"{self.folder}-{rank:05d}.lock"):
             if not done.exists():  # else a launch running at the same time did this task while we waited
                 start = time.perf_counter()
-                with PeakMemory() as memory:
+                with PeakMemory() as memory, quiet_datasets():
                     stats, facts = self.work(out, rank, world_size)
                 record = {
                     "stats": [s.to_dict() for s in stats],
@@ -179,7 +207,7 @@ class ShardFiles(ReadFiles):
     """`ReadFiles` with a contiguous part of the files per shard (shard 0's, then 1's, ... is the input's order,
     so dedup keeps the same copies as on one machine); names the compressed files whose stream broke. A shard whose
     lines are all dropped keeps no document, counted like any other: the run fails only when no shard kept one
-    (`engines.check_something_read`, after this stage), so the result does not depend on the number of tasks."""
+    (`run.check_something_read`, after this stage), so the result does not depend on the number of tasks."""
 
     def _mark_lines(self, files, names, rank, world_size, num_proc):
         start, stop = shard_range(len(files), rank, world_size)
@@ -202,33 +230,48 @@ class ShardFiles(ReadFiles):
         return kept.remove_columns(RECORD)  # nothing to keep here: the text and doc_id columns, no row
 
 
+def document_blocks(config: PipelineConfig) -> list:
+    """The blocks each document goes through before dedup, in order: clean, then the perplexity filter."""
+    from ..clean import Clean, CleanConfig
+    from ..perplexity import PerplexityFilter
+
+    blocks = []
+    if config.clean is not None:
+        blocks.append(Clean(CleanConfig(**config.clean), text_column=config.text_column))
+    if config.perplexity is not None:
+        blocks.append(PerplexityFilter(text_column=config.text_column, **config.perplexity))
+    return blocks
+
+
 class Documents(Stage):
     folder = DOCUMENTS
 
     def work(self, out, rank, world_size):
         from datasets import load_from_disk
 
-        from ..pipeline import Pipeline
-
         c = self.plan.config
-        num_proc = c.num_proc
         reader = ShardFiles(c.text_column, c.max_bytes)
-        data = reader.run(c.input, rank, world_size, num_proc)
+        splits = {"data": reader.run(c.input, rank, world_size, c.num_proc)}
         stats = [reader.stats]
-        for _, name, _, blocks in Pipeline(c, verbose=False)._document_blocks():
-            if name == "dedup":
-                continue  # the dedup stages' work
-            for block in blocks:
-                data = block.run(data, num_proc=num_proc)
-                stats.append(block.stats)
-        final = out / "data" / f"{rank:05d}"
-        tmp = fresh(out / "data" / f".{rank:05d}.tmp")
-        save(data, tmp)
-        replace_folder(tmp, final)
+        own = self.plan.own_heldout
+        if own and rank == 0:  # the input's own held-out split: small, read whole by the first task
+            held = ReadFiles(c.text_column, c.max_bytes)
+            loaded = load_from_disk(c.input)[own]
+            splits["heldout"] = held.read_dataset(loaded, f"{Path(c.input).name}/{own}", num_proc=c.num_proc)
+            stats.append(dataclasses.replace(held.stats, block="read heldout"))
+        for split, data in splits.items():
+            for block in document_blocks(c):
+                data = block.run(data, num_proc=c.num_proc)
+                stats.append(
+                    dataclasses.replace(block.stats, block=block.name + ("" if split == "data" else " heldout"))
+                )
+            tmp = fresh(out / split / f".{rank:05d}.tmp")
+            save(data, tmp)
+            replace_folder(tmp, out / split / f"{rank:05d}")
         if self.plan.dedup is not None:
-            texts = load_from_disk(str(final)).data.column(c.text_column)
+            texts = load_from_disk(str(out / "data" / f"{rank:05d}")).data.column(c.text_column)
             dedup_shards.write_signatures(out / "dedup", rank, texts, self.plan.dedup)
-        return stats, {"rows": len(data)}
+        return stats, {"rows": len(splits["data"])}
 
 
 class Buckets(Stage):
@@ -279,7 +322,7 @@ def dedup_blocks(settings: DedupSettings, codes: np.ndarray, text_column: str) -
 
 def kept_splits(plan: Plan, rank: int) -> tuple[dict, list[BlockStats]]:
     """Shard `rank`'s documents with the clusters stage's verdicts applied by the dedup blocks, split into train and
-    heldout (`split.py`); and the blocks' stats."""
+    heldout (`split.py`; or the input's own held-out split, all of it in shard 0); and the blocks' stats."""
     from datasets import load_from_disk
 
     from ..split import split_by_hash
@@ -292,11 +335,56 @@ def kept_splits(plan: Plan, rank: int) -> tuple[dict, list[BlockStats]]:
         for block in dedup_blocks(plan.dedup, codes, c.text_column):
             data = block.run(data, num_proc=c.num_proc)
             stats.append(block.stats)
-    splits = split_by_hash(data, c.heldout_fraction, c.text_column, c.num_proc)
+    if plan.own_heldout:
+        held = plan.out / DOCUMENTS / "heldout" / f"{rank:05d}"
+        heldout = load_from_disk(str(held)) if held.exists() else data.select([])
+        splits, fraction = {"train": data, "heldout": heldout}, None
+    else:
+        splits, fraction = split_by_hash(data, c.heldout_fraction, c.text_column, c.num_proc), c.heldout_fraction
     train, heldout = len(splits["train"]), len(splits["heldout"])
     split = BlockStats("split", documents_in=train + heldout, documents_out=train)
-    split.extra.update(train=train, heldout=heldout, heldout_fraction=c.heldout_fraction)
+    split.extra.update(train=train, heldout=heldout, heldout_fraction=fraction)
     return splits, [*stats, split]
+
+
+def make_tokenizer(train, heldout: list[str], options: dict, folder: Path, text_column: str) -> list[BlockStats]:
+    """The tokenizer into `folder/tokenizer`: trained on `train`, or `options["path"]` copied; bytes per token
+    measured on the `heldout` texts."""
+    from ..tokenizer import measure_bytes_per_token, train_tokenizer
+
+    options = dict(options)
+    if "path" in options:  # an existing tokenizer: copy it, measure it
+        from transformers import AutoTokenizer
+
+        tokenizer = from_pretrained(AutoTokenizer, options["path"], "path")
+        tokenizer.save_pretrained(str(folder / "tokenizer"))
+        extra = {"reused": options["path"], "vocab_size": len(tokenizer)}
+        extra.update(measure_bytes_per_token(tokenizer, heldout, train, text_column))
+        return [BlockStats("tokenizer", extra=extra)]
+    _, stats = train_tokenizer(train, folder / "tokenizer", text_column=text_column, heldout_texts=heldout, **options)
+    return [stats]
+
+
+def pack_splits(splits, tokenizer, text_column: str, options: dict, output) -> list[BlockStats]:
+    """Pack the train and heldout splits into `output(split)`; a split that cannot fill one block is left unpacked,
+    with the reason in its stats (`skipped`)."""
+    from ..packing import Pack
+
+    out = []
+    for split in ("train", "heldout"):
+        if len(splits[split]) == 0:
+            continue
+        pack = Pack(tokenizer, text_column=text_column, **options)
+        pack.name = f"pack {split}"
+        try:
+            pack.run(splits[split]).save_to_disk(str(output(split)))
+        except ValueError as err:
+            skipped = {"skipped": str(err)}  # too little text for one block: no data of this split
+            out.append(BlockStats(pack.name, documents_in=len(splits[split]), extra=skipped))
+            continue
+        pack.stats.block = pack.name
+        out.append(pack.stats)
+    return out
 
 
 class Tokenizer(Stage):
@@ -306,8 +394,6 @@ class Tokenizer(Stage):
 
     def work(self, out, rank, world_size):
         from datasets import concatenate_datasets
-
-        from ..pipeline import make_tokenizer
 
         c, plan = self.plan.config, self.plan
         train, heldout, wanted = [], [], plan.tokenizer_sample_documents
@@ -338,8 +424,6 @@ class Pack(Stage):
     def work(self, out, rank, world_size):
         from transformers import AutoTokenizer
 
-        from ..pipeline import pack_splits
-
         c = self.plan.config
         splits, stats = kept_splits(self.plan, rank)
         for name, part in splits.items():
@@ -352,7 +436,7 @@ class Pack(Stage):
         for name in splits:
             fresh(out / name / f".{rank:05d}.tmp")
         temporary = lambda name: out / name / f".{rank:05d}.tmp"  # noqa: E731
-        stats += pack_splits(splits, tokenizer, c.text_column, c.pack, c.num_proc, temporary, required=())
+        stats += pack_splits(splits, tokenizer, c.text_column, c.pack, temporary)
         for name in splits:
             if temporary(name).exists():
                 replace_folder(temporary(name), out / name / f"{rank:05d}")

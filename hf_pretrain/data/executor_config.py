@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 KINDS = ("local", "slurm", "ray")
-EXTRAS = {"local": "datatrove", "slurm": "slurm", "ray": "ray"}  # pip install hf_pretrain[...]
+EXTRAS = {"slurm": "slurm", "ray": "ray"}  # pip install hf_pretrain[...]; datatrove itself is a dependency
 MODULES = {"local": ("datatrove",), "slurm": ("datatrove",), "ray": ("datatrove", "ray")}
 
 
@@ -58,6 +58,6 @@ class ExecutorConfig:
 
         missing = [name for name in MODULES[self.kind] if importlib.util.find_spec(name) is None]
         if missing:
-            raise ValueError(
-                f"executor kind={self.kind!r} needs {', '.join(missing)}: pip install 'hf_pretrain[{EXTRAS[self.kind]}]'."
-            )
+            extra = EXTRAS.get(self.kind)
+            fix = f"pip install 'hf_pretrain[{extra}]'" if extra else "pip install hf_pretrain again (a dependency)"
+            raise ValueError(f"executor kind={self.kind!r} needs {', '.join(missing)}: {fix}.")

@@ -1,0 +1,94 @@
+"""What a `hf-pretrain data prepare` wrote, read back: the packed splits, the tokenizer, the counters' table.
+
+The chain (`chain/`) writes `OUTPUT/NN-stage/` folders and, last, each stage's `stats.json`; a stage folder
+without it is not complete. `load_packed` / `packed_path` / `tokenizer_path` find the last complete pack and
+tokenizer stage, so training, the precision trial and a mixture read a prepare's output without knowing its
+stages. Also here, because both the chain and its readers need them: the key of a stage's settings
+(`config_key`), the signature of the files a stage read (`files_signature`) and the summary table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from datasets import Dataset, concatenate_datasets, load_from_disk
+
+from .blocks import BlockStats
+
+SUMMARY_EXTRAS = (
+    "bytes_per_token",
+    "tokens",
+    "blocks",
+    "near_duplicates",
+    "exact_duplicates",
+    "heldout",
+    "vocab_size",
+    "skipped",
+)
+
+
+def config_key(*parts) -> str:
+    """A short hash of `parts` (JSON, keys sorted): the identity of a stage's settings."""
+    return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def files_signature(path: str | Path) -> list:
+    """The files at `path` (a file or a folder) with their sizes and modification times: what a step read. The
+    cache files `datasets` writes beside the data of a `save_to_disk` folder (`cache-*.arrow`, `tmp*`) are left out."""
+    path = Path(path)
+    if not path.exists():  # a tokenizer's name on the Hub, not a folder
+        return [str(path)]
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    files = [p for p in files if not (p.name.startswith("cache-") and p.suffix == ".arrow" or p.name.startswith("tmp"))]
+    return [[p.as_posix(), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
+
+def summary_table(stats: list[BlockStats], reused: list[str] = ()) -> str:
+    """One line a block: documents and megabytes in and out, documents a second, drops by reason and notes."""
+    lines = [f"{'step':<16} {'docs in':>11} {'docs out':>11} {'MB in':>9} {'MB out':>9} {'docs/s':>9}  dropped / notes"]
+    for s in stats:
+        rate = s.documents_in / s.seconds if s.seconds else 0
+        dropped = ", ".join(f"{k} {v:,}" for k, v in sorted(s.dropped.items(), key=lambda x: -x[1]))
+        extra = {k: v for k, v in s.extra.items() if k in SUMMARY_EXTRAS}
+        shown = ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}" for k, v in extra.items())
+        notes = "; ".join(filter(None, [dropped, shown]))
+        lines.append(
+            f"{s.block:<16} {s.documents_in:>11,} {s.documents_out:>11,} {s.bytes_in / 1e6:>9.1f} "
+            f"{s.bytes_out / 1e6:>9.1f} {rate:>9,.0f}  {notes}"
+        )
+    if reused:
+        lines.append(f"(complete from an earlier run, reused: {', '.join(reused)})")
+    return "\n".join(lines)
+
+
+def _last_step(output_dir: str | Path, name: str) -> Path:
+    folder = next(iter(sorted(Path(output_dir).glob(f"*-{name}"))), None)
+    if folder is None or not (folder / "stats.json").exists():
+        raise FileNotFoundError(f"{output_dir} has no complete {name} step; run `hf-pretrain data prepare` first.")
+    return folder
+
+
+def packed_path(output_dir: str | Path, split: str = "train") -> Path:
+    """The folder of the packed `split` a `prepare` wrote: a folder of shards, one per task (`load_split` reads it)."""
+    return _last_step(output_dir, "pack") / split
+
+
+def load_packed(output_dir: str | Path) -> dict[str, Dataset]:
+    """The packed train / heldout datasets a `prepare` wrote (heldout absent when it was too small to pack)."""
+    folder = _last_step(output_dir, "pack")
+    return {split: load_split(folder / split) for split in ("train", "heldout") if (folder / split).exists()}
+
+
+def load_split(folder: Path) -> Dataset:
+    """A packed split: one `save_to_disk` folder, or one per shard read as one dataset in shard order."""
+    shards = sorted(p for p in folder.iterdir() if (p / "state.json").exists())
+    if (folder / "state.json").exists() or not shards:
+        return load_from_disk(str(folder))
+    return concatenate_datasets([load_from_disk(str(p)) for p in shards])
+
+
+def tokenizer_path(output_dir: str | Path) -> Path:
+    """The folder of the tokenizer a `prepare` wrote (`AutoTokenizer.from_pretrained` loads it)."""
+    return _last_step(output_dir, "tokenizer") / "tokenizer"
