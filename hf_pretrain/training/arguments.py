@@ -30,7 +30,7 @@ the same command line a transformers user already writes. Differences:
   `muon_adjust_lr`; it sets `pretrain_optimizer` and leaves `optim` at `adamw_torch` (transformers
   validates `optim` against its own list, as with `lr_scheduler_type`).
 - `torch_compile_scope` (`model` | `blocks`): with `--torch_compile`, compile the whole model or each
-  decoder layer in place (`compile.py`); the first logs report the compile time (`preflight/compile.py`).
+  decoder layer in place (`compile.py`); the first logs report the compile time (`telemetry/compile.py`).
 - `use_cpu` defaults to `None` = auto: True when torch sees no accelerator, so a CPU-only machine
   trains on CPU (gloo for several processes) without a flag.
 - `async_checkpoint` (default True): checkpoints written in the background (`resume/background.py`); the hang

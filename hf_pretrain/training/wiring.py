@@ -21,7 +21,7 @@ from ..modeling.attention import Environment, plan_attention
 from ..precision import apply_precision
 from ..precision.recipes import RECIPES
 from ..preflight.attention import AttentionReport, attention_preflight, enforce_attention_policy
-from ..preflight.compile import CompileCallback
+from ..telemetry.compile import CompileCallback
 from ..telemetry.goodput import GoodputCallback
 from ..telemetry.hardware import HardwareSensorsCallback
 from ..telemetry.jsonl import JsonlCallback

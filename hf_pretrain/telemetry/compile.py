@@ -1,8 +1,9 @@
 """`CompileCallback`: what torch.compile cost this run, in the first training logs and on the console.
 
-Compilation is lazy: Dynamo traces and Inductor lowers at the first forward and backward, so the cost is
-seen in the first optimizer step, not before it. The callback times the first `STEPS` steps on the host
-(synchronising the accelerator at each step end, those steps only) and reports, once they are done:
+Telemetry, not a preflight: compilation is lazy (Dynamo traces and Inductor lowers at the first forward and
+backward), so its cost is only seen during the run, in the first optimizer step. The callback times the first
+`STEPS` steps on the host (synchronising the accelerator at each step end, those steps only) and, once they are
+done, logs once (`KEYS`):
 
 - `compile_time_s`: first step minus the median of the next `STEPS - 1` (the compile of forward and
   backward, cold or from the FX graph cache: a second run on the same machine compiles faster)
@@ -13,7 +14,8 @@ seen in the first optimizer step, not before it. The callback times the first `S
 
 and prints `compile: scope=blocks backend=inductor 12 blocks, 2.31 s to compile, 2 graphs, 0 graph breaks`.
 Recompiles later in the run (an evaluation's other shapes) are not counted. Clock values: kept out of
-`state.log_history` like the other timings.
+`state.log_history` like the other timings. `training/compile.py` compiles; `training/wiring.py` adds this
+callback when `torch_compile` is on.
 """
 
 from __future__ import annotations
