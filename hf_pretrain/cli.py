@@ -92,7 +92,7 @@ def advise_restart_cli(argv: list[str]) -> int:
     parser.add_argument("--hours-since-checkpoint", type=float, default=0.0, help="work a resume repeats (default 0)")
     parser.add_argument("--overhead-hours", type=float, default=0.0, help="time to set up a restart")
     args = parser.parse_args(argv)
-    from .preflight.restart import advise_restart
+    from .plan.restart import advise_restart
 
     advice = advise_restart(
         args.elapsed_hours, args.remaining_hours, args.speedup, args.hours_since_checkpoint, args.overhead_hours

@@ -1,5 +1,10 @@
 """Restart advisor: continue, restart from scratch, or resume from the last checkpoint on a faster path?
 
+Planning arithmetic on a run's wall-clock hours, like `resilience.py`'s checkpoint interval, so it lives in
+plan/ (an application: only `hf-pretrain advise-restart` calls it, and it imports nothing of the package). Not a
+preflight (its question comes up during or after a run, not before it starts) and not training/recovery/ (the
+trainer never asks it: a person does, with the hours their run has left).
+
 A faster path (a kernel that was missing, a better precision recipe) found mid-run raises the
 question the field notes answer with arithmetic. With a speedup s (0.2 = 20 % faster: 1.2x the
 throughput, each step takes 1 / 1.2 of the time), elapsed E and remaining R hours on the current

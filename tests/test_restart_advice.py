@@ -1,6 +1,6 @@
 import pytest
 
-from hf_pretrain.preflight.restart import advise_restart, parse_speedup
+from hf_pretrain.plan.restart import advise_restart, parse_speedup
 
 
 def hours(advice):
