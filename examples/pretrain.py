@@ -41,9 +41,9 @@ from hf_pretrain.data.prepared import load_packed, tokenizer_path
 from hf_pretrain.data.read import list_files
 from hf_pretrain.data.split import check_fraction
 from hf_pretrain.data.tokenizer import check_vocab_size
-from hf_pretrain.distributed.memory_preflight import MemoryPreflightError, RunShape, check_memory, enforce_memory_policy
 from hf_pretrain.modeling.attention import Environment, plan_attention
 from hf_pretrain.precision import high_precision
+from hf_pretrain.preflight.memory import MemoryPreflightError, RunShape, check_memory, enforce_memory_policy
 from hf_pretrain.presets import PRESETS, load_config
 from hf_pretrain.training.resume.check import CheckpointError
 from hf_pretrain.training.resume.checkpointing import find_resume_checkpoint
@@ -409,7 +409,7 @@ def check_resume(args: PretrainingArguments) -> None:
 
 
 def check_run_memory(config: PretrainConfig, plan: dict, seq_len: int, args: PretrainingArguments) -> None:
-    """The trainer's memory preflight (hf_pretrain.distributed.memory_preflight) before any data work; under
+    """The trainer's memory preflight (hf_pretrain.preflight.memory) before any data work; under
     DeepSpeed or FSDP the trainer checks it when training starts, once the sharding is known."""
     if args.memory_preflight == "ignore" or any(sharding(args)):
         return

@@ -9,7 +9,7 @@ the same command line a transformers user already writes. Differences:
 - `attn_fallback` (`warn` | `error` | `ignore`): what the attention preflight does when a layer type
   runs on a slower kernel than the hardware allows (see `hf_pretrain.preflight.attention`).
 - `memory_preflight` (`error` | `warn` | `ignore`): what happens when the run's estimated memory
-  exceeds what its device or host has free (`hf_pretrain.distributed.memory_preflight`).
+  exceeds what its device or host has free (`hf_pretrain.preflight.memory`).
 - `peak_tflops` / `measure_peak_tflops`: the denominators of MFU (see `hf_pretrain.telemetry.throughput`).
 - `precision` (+ `precision_scaling`, `precision_min_features`, `precision_keep_first_last`): a
   recipe of `hf_pretrain.precision` (fp32, bf16, fp8, te-fp8, te-mxfp8, te-nvfp4); it sets

@@ -13,7 +13,6 @@ from transformers import DataCollatorWithFlattening
 from transformers.utils import logging
 
 from ..callback import PretrainCallback
-from ..distributed.memory_preflight import MemoryCheck, RunShape, check_memory, enforce_memory_policy, model_bytes
 from ..evaluation import GenerationProbeCallback
 from ..evaluation.downstream.callback import DownstreamEvalCallback
 from ..evaluation.downstream.cost import DownstreamCostCallback
@@ -21,6 +20,7 @@ from ..modeling.attention import Environment, plan_attention
 from ..precision import apply_precision
 from ..precision.recipes import RECIPES
 from ..preflight.attention import AttentionReport, attention_preflight, enforce_attention_policy
+from ..preflight.memory import MemoryCheck, RunShape, check_memory, enforce_memory_policy, model_bytes
 from ..telemetry.compile import CompileCallback
 from ..telemetry.goodput import GoodputCallback
 from ..telemetry.hardware import HardwareSensorsCallback
@@ -143,7 +143,7 @@ def attention_preflight_for(trainer) -> tuple[AttentionReport | None, dict]:
 
 def memory_preflight_for(trainer) -> MemoryCheck | None:
     """An hf_pretrain model's estimated memory against what is free on the run's device or host, before the first
-    step (`distributed/memory_preflight.py`): refused or warned of per `memory_preflight`."""
+    step (`preflight/memory.py`): refused or warned of per `memory_preflight`."""
     report, args, model = trainer.attention_report, trainer.args, trainer.model
     policy = _get(args, "memory_preflight", "error")
     seq_len = sequence_length(trainer)

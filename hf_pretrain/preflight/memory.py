@@ -9,7 +9,8 @@ of memory) or by a CUDA out-of-memory error minutes in. The estimate is `distrib
 plus what the model already holds there (its weights are part of the estimate). Over what is free:
 `memory_preflight="error"` refuses (`MemoryPreflightError`) and `"warn"` warns; over
 `WARN_FRACTION` of it, a warning. Either names the figures and the fixes that fit: a smaller
-micro-batch, activation checkpointing, shorter sequences.
+micro-batch, activation checkpointing, shorter sequences. The estimator stays in distributed/ (`hf-pretrain
+estimate-memory`, the planner); this check sits a floor above it (`FLOORS` in tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import resource
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .memory import GiB, MemoryEstimate, estimate_memory
+from ..distributed.memory import GiB, MemoryEstimate, estimate_memory
 
 WARN_FRACTION = 0.85
 POLICIES = ("error", "warn", "ignore")

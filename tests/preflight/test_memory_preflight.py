@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from hf_pretrain.distributed.memory import GiB, estimate_memory
-from hf_pretrain.distributed.memory_preflight import (
+from hf_pretrain.modeling.attention import Environment, plan_attention
+from hf_pretrain.preflight.memory import (
     MemoryCheck,
     MemoryPreflightError,
     RunShape,
     enforce_memory_policy,
     kernel_memory,
 )
-from hf_pretrain.modeling.attention import Environment, plan_attention
 from tests.conftest import small_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(
     from datasets import Dataset
     from hf_pretrain import PretrainForCausalLM, PretrainTrainer
     from hf_pretrain.data import PackedDocumentCollator
-    from hf_pretrain.distributed.memory_preflight import MemoryPreflightError
+    from hf_pretrain.preflight.memory import MemoryPreflightError
     from tests.conftest import quick_args, small_config
 
     seq = 2048
@@ -116,7 +116,7 @@ def test_on_a_gpu_the_device_free_memory_is_the_limit_and_an_oversized_run_is_re
 
     from hf_pretrain import PretrainForCausalLM, PretrainTrainer
     from hf_pretrain.data import PackedDocumentCollator
-    from hf_pretrain.distributed.memory_preflight import free_memory
+    from hf_pretrain.preflight.memory import free_memory
     from tests.conftest import quick_args
 
     free, where = free_memory("cuda")
