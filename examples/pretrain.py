@@ -19,7 +19,6 @@ import dataclasses
 import errno
 import json
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +44,10 @@ from hf_pretrain.modeling.attention import Environment, plan_attention
 from hf_pretrain.precision import high_precision
 from hf_pretrain.preflight.memory import MemoryPreflightError, RunShape, check_memory, enforce_memory_policy
 from hf_pretrain.presets import PRESETS, load_config
+from hf_pretrain.training.arguments import check_mixture_flags, mixture_tokenizer
+from hf_pretrain.training.fsdp import sharding_requested
 from hf_pretrain.training.resume.check import CheckpointError
-from hf_pretrain.training.resume.checkpointing import find_resume_checkpoint
+from hf_pretrain.training.resume.checkpointing import check_resume, resume_target
 
 PROMPTS = ("The for statement", "A class definition", "If 5x + 3 = 13, then x is")
 
@@ -230,37 +231,6 @@ def prepare_data(data_args: DataArguments, args: PretrainingArguments, vocab_siz
     return tokenizer, packed["train"], packed.get("heldout")
 
 
-def check_mixture_flags(data_args: DataArguments) -> None:
-    """--mixture reads sources already prepared: the flags that would prepare data are refused beside it."""
-    if not Path(data_args.mixture).is_file():
-        raise FileNotFoundError(f"--mixture {data_args.mixture!r} is not a file; give a mixture JSON file.")
-    if data_args.dataset_path:
-        raise ValueError("--mixture and --dataset_path exclude each other: add the dataset as a source of the mixture.")
-    MixtureConfig.from_file(data_args.mixture)  # a bad config is one error line before any data work
-
-
-def mixture_tokenizer(config: MixtureConfig, tokenizer_name_or_path: str | None) -> str:
-    """The one tokenizer the mixture's prepared sources were tokenized with (or --tokenizer_name_or_path when no
-    source is a `prepare` folder); sources tokenized differently are refused, since their ids would not agree."""
-    found = {}
-    for name, source in config.sources.items():
-        if any(Path(source["path"]).glob("*-tokenizer")):
-            folder = tokenizer_path(source["path"])
-            found[name] = (folder, (folder / "tokenizer.json").read_bytes())
-    if len({vocab for _, vocab in found.values()}) > 1:
-        raise ValueError(
-            f"--mixture: the sources {sorted(found)} were tokenized by different tokenizers; prepare every source with "
-            "one tokenizer (`tokenizer: {path: ...}` in each prepare config) so their ids agree."
-        )
-    if tokenizer_name_or_path:
-        return tokenizer_name_or_path
-    if not found:
-        raise ValueError(
-            "--mixture: no source is a prepare output folder holding its tokenizer; give --tokenizer_name_or_path."
-        )
-    return str(next(iter(found.values()))[0])
-
-
 def prepare_mixture(data_args: DataArguments, args: PretrainingArguments):
     """The tokenizer, the mixture's training order and the sources' held-out rows (None when none has any)."""
     from datasets import concatenate_datasets
@@ -374,7 +344,7 @@ def check_arguments(
     if data_args.dataset_path:
         list_files(data_args.dataset_path, field="--dataset_path")
     if data_args.mixture:
-        check_mixture_flags(data_args)
+        check_mixture_flags(data_args.mixture, data_args.dataset_path)
     if args is not None:
         env = Environment.detect(args.device, getattr(torch, {"bf16": "bfloat16"}.get(dtype, "float32")), training=True)
         plan = plan_attention(config, env, packed=data_args.separate_documents)  # a kernel that cannot run here
@@ -382,36 +352,10 @@ def check_arguments(
         check_resume(args)
 
 
-def sharding(args: PretrainingArguments) -> tuple[bool, bool]:
-    """(DeepSpeed, FSDP): from the flags or from accelerate's launch config."""
-    launched = {k: os.environ.get(f"ACCELERATE_USE_{k}", "").lower() == "true" for k in ("DEEPSPEED", "FSDP")}
-    return bool(args.deepspeed) or launched["DEEPSPEED"], bool(args.fsdp) or launched["FSDP"]
-
-
-def resume_target(args: PretrainingArguments) -> str | bool | None:
-    """--resume_from_checkpoint as the trainer takes it: true/last mean the newest whole checkpoint."""
-    return {"true": True, "last": True}.get(str(args.resume_from_checkpoint).lower(), args.resume_from_checkpoint)
-
-
-def check_resume(args: PretrainingArguments) -> None:
-    """A checkpoint that cannot be resumed, refused before any data work (the trainer checks again at its start)."""
-    resume = resume_target(args)
-    if resume:
-        deepspeed, fsdp = sharding(args)
-        find_resume_checkpoint(
-            resume,
-            args.output_dir,
-            world_size=args.world_size,
-            deepspeed=deepspeed,
-            fsdp=fsdp,
-            save_only_model=args.save_only_model,
-        )
-
-
 def check_run_memory(config: PretrainConfig, plan: dict, seq_len: int, args: PretrainingArguments) -> None:
     """The trainer's memory preflight (hf_pretrain.preflight.memory) before any data work; under
     DeepSpeed or FSDP the trainer checks it when training starts, once the sharding is known."""
-    if args.memory_preflight == "ignore" or any(sharding(args)):
+    if args.memory_preflight == "ignore" or any(sharding_requested(args)):
         return
     check = check_memory(config, RunShape.of_run(args, config, plan, seq_len), args.device)
     warn = (lambda text: print(f"warning: {text}", file=sys.stderr)) if args.process_index == 0 else (lambda _: None)
@@ -472,7 +416,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{dtype}{f' ({args.precision} recipe)' if args.precision else ''}, {args.world_size} process(es) on "
             f"{args.device.type}, attention {model.config.attention_backend}"
         )
-    resume = resume_target(args)
+    resume = resume_target(args.resume_from_checkpoint)
     try:  # a checkpoint that cannot be resumed, a run that cannot fit, a full disk: one line each
         result = trainer.train(resume_from_checkpoint=resume)
         trainer.save_model(args.output_dir)

@@ -36,18 +36,25 @@ the same command line a transformers user already writes. Differences:
 - `async_checkpoint` (default True): checkpoints written in the background (`resume/background.py`); the hang
   watchdog (`hang_watchdog`, `hang_timeout_*`) and the restart-loop guard (`restart_same_failure_limit`): see
   `recovery/`. `resume_from_checkpoint` also takes `"auto"` (the newest whole checkpoint, or a fresh start).
+
+A script's data flags beside these (the example's `DataArguments`) are its own; `--mixture`'s checks are shared:
+`check_mixture_flags` refuses what contradicts it before any data work, `mixture_tokenizer` names the one tokenizer
+of its prepared sources.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from transformers import TrainingArguments
 from transformers.utils import logging
 
 from ..callback import PretrainCallback
+from ..data.mixture import MixtureConfig
+from ..data.pipeline import tokenizer_path
 from ..evaluation.downstream.callback import DownstreamEvalCallback
 from ..evaluation.generation_probe import GenerationProbeCallback
 from ..precision.convert import MIN_FEATURES
@@ -415,3 +422,35 @@ class PretrainingArguments(TrainingArguments):
                 f"optim={self.pretrain_optimizer!r} is built by PretrainTrainer's extras: keep pretrain_extras=True."
             )
         MuonConfig.from_arguments(self)  # its settings checked now, not at train()
+
+
+def check_mixture_flags(mixture: str, dataset_path: str | None = None) -> None:
+    """--mixture reads sources already prepared: a missing file, a bad config or --dataset_path beside it is one
+    error line, before any data work."""
+    if not Path(mixture).is_file():
+        raise FileNotFoundError(f"--mixture {mixture!r} is not a file; give a mixture JSON file.")
+    if dataset_path:
+        raise ValueError("--mixture and --dataset_path exclude each other: add the dataset as a source of the mixture.")
+    MixtureConfig.from_file(mixture)
+
+
+def mixture_tokenizer(config: MixtureConfig, tokenizer_name_or_path: str | None = None) -> str:
+    """The one tokenizer the mixture's prepared sources were tokenized with (or --tokenizer_name_or_path when no
+    source is a `prepare` folder); sources tokenized differently are refused, since their ids would not agree."""
+    found = {}
+    for name, source in config.sources.items():
+        if any(Path(source["path"]).glob("*-tokenizer")):
+            folder = tokenizer_path(source["path"])
+            found[name] = (folder, (folder / "tokenizer.json").read_bytes())
+    if len({vocab for _, vocab in found.values()}) > 1:
+        raise ValueError(
+            f"--mixture: the sources {sorted(found)} were tokenized by different tokenizers; prepare every source with "
+            "one tokenizer (`tokenizer: {path: ...}` in each prepare config) so their ids agree."
+        )
+    if tokenizer_name_or_path:
+        return tokenizer_name_or_path
+    if not found:
+        raise ValueError(
+            "--mixture: no source is a prepare output folder holding its tokenizer; give --tokenizer_name_or_path."
+        )
+    return str(next(iter(found.values()))[0])

@@ -49,6 +49,13 @@ def fsdp_requested(args) -> bool:
     return bool(getattr(args, "fsdp", None)) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
 
 
+def sharding_requested(args) -> tuple[bool, bool]:
+    """(DeepSpeed, FSDP) asked for by the arguments or by an accelerate launch config: what a script knows before
+    the trainer exists (the trainer itself reads `is_deepspeed_enabled` / `is_fsdp_enabled`)."""
+    launched = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    return bool(getattr(args, "deepspeed", None)) or launched, fsdp_requested(args)
+
+
 def fsdp_version(args) -> int:
     """The version asked for: `fsdp_config` of the arguments (transformers' default 2), else the launch config's."""
     if getattr(args, "fsdp", None):

@@ -5,7 +5,10 @@ import shutil
 
 import pytest
 
+from hf_pretrain.training.fsdp import sharding_requested
 from hf_pretrain.training.resume.check import CheckpointError, check_checkpoint
+from hf_pretrain.training.resume.checkpointing import check_resume, resume_target
+from tests.conftest import quick_args
 from tests.training.test_resume import train
 
 
@@ -143,3 +146,35 @@ def test_fsdp_full_state_files_are_checked_instead_of_the_plain_ones(copy):
     assert check_checkpoint(checkpoint, fsdp=True).problems[0].startswith("pytorch_model_fsdp.bin: unreadable")
     (checkpoint / "optimizer.bin").unlink()
     assert "optimizer_0/ or optimizer.bin: missing" in " ".join(check_checkpoint(checkpoint, fsdp=True).problems)
+
+
+@pytest.mark.parametrize(
+    "flag, target",
+    [("true", True), ("Last", True), (True, True), ("auto", "auto"), ("runs/x/checkpoint-5", "runs/x/checkpoint-5")]
+    + [(None, None), ("false", "false")],
+)
+def test_resume_target_reads_true_and_last_as_the_newest_whole_checkpoint(flag, target):
+    assert resume_target(flag) == target
+
+
+def test_a_script_checks_its_resume_flag_before_any_data_work(copy):
+    for flag in ("last", "auto", str(copy / "checkpoint-5"), None):
+        check_resume(quick_args(copy, resume_from_checkpoint=flag))  # whole checkpoints, or no resume
+    for step in (5, 10):
+        (copy / f"checkpoint-{step}" / "scheduler.pt").unlink()
+    with pytest.raises(CheckpointError, match="No valid checkpoint found in output directory"):
+        check_resume(quick_args(copy, resume_from_checkpoint="true"))
+    check_resume(quick_args(copy, resume_from_checkpoint="auto"))  # auto starts anew
+    with pytest.raises(CheckpointError, match="Can't find a valid checkpoint at .*checkpoint-5: scheduler.pt: missing"):
+        check_resume(quick_args(copy, resume_from_checkpoint=str(copy / "checkpoint-5")))
+
+
+@pytest.mark.parametrize("engine, requested", [("DEEPSPEED", (True, False)), ("FSDP", (False, True))])
+def test_the_resume_check_reads_the_sharding_of_the_launch_config(copy, monkeypatch, engine, requested):
+    """Under an accelerate DeepSpeed / FSDP launch config (no flag), the checkpoint needs that engine's files."""
+    args = quick_args(copy, resume_from_checkpoint=str(copy / "checkpoint-10"))
+    check_resume(args)  # a plain run's checkpoint, for a plain run
+    monkeypatch.setenv(f"ACCELERATE_USE_{engine}", "true")
+    assert sharding_requested(args) == requested
+    with pytest.raises(CheckpointError, match="Can't find a valid checkpoint at .*checkpoint-10"):
+        check_resume(args)

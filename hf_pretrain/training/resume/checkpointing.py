@@ -10,6 +10,8 @@
   `async_checkpoint` the large files are written in the background (`background.py`): `wait()`,
   `raise_if_failed()` (each step) and `finish()` (the end of `train()`) keep its guarantees.
 - `clear_interrupted()`: what a killed save left in `.saving/` goes at the next start.
+- `resume_target(flag)` / `check_resume(args)`: for scripts: the flag's `true` / `last` as `True`, and the same
+  check as `resolve` before any data work (the example's first-hour refusal).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import rotate_checkpoints
 from transformers.utils import logging
 
-from ..fsdp import sharded_saves, sharded_state_writes
+from ..fsdp import sharded_saves, sharded_state_writes, sharding_requested
 from ..loss_guard import LossSpikeError
 from ..private import patched, rotation_deferred, writes_routed
 from ..processes import wait_for_everyone
@@ -87,6 +89,29 @@ def find_resume_checkpoint(
     raise CheckpointError(
         f"No valid checkpoint found in output directory ({output_dir}): no whole checkpoint-N{found}. "
         "Fix: pass the output_dir of the run to resume, or train without resume_from_checkpoint."
+    )
+
+
+def resume_target(resume_from_checkpoint: str | bool | None) -> str | bool | None:
+    """A command line's `--resume_from_checkpoint` as `train()` takes it: `true` / `last` (any case) mean the newest
+    whole checkpoint (`True`); `auto`, a path and None pass unchanged."""
+    return {"true": True, "last": True}.get(str(resume_from_checkpoint).lower(), resume_from_checkpoint)
+
+
+def check_resume(args) -> None:
+    """Refuse, before any data work, a resume that cannot be done (`CheckpointError` naming the fix): a script calls
+    it right after parsing its flags; the trainer checks again when training starts."""
+    resume = resume_target(args.resume_from_checkpoint)
+    if not resume:
+        return
+    deepspeed, fsdp = sharding_requested(args)
+    find_resume_checkpoint(
+        resume,
+        args.output_dir,
+        world_size=args.world_size,
+        deepspeed=deepspeed,
+        fsdp=fsdp,
+        save_only_model=args.save_only_model,
     )
 
 
