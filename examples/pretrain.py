@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from transformers import HfArgumentParser, PreTrainedTokenizerBase, set_seed
 
-from hf_pretrain import PretrainConfig, PretrainForCausalLM, PretrainingArguments, PretrainTrainer, get_preset
+from hf_pretrain import PretrainConfig, PretrainForCausalLM, PretrainingArguments, PretrainTrainer
 from hf_pretrain.data import PackedDocumentCollator, write_embedded_corpus
 from hf_pretrain.data.blocks import BlockStats
 from hf_pretrain.data.chain import reused_stages, run_pipeline
@@ -282,15 +282,6 @@ def report_data(blocks: list[BlockStats], reused: list[str], source: str, vocab:
         )
 
 
-def base_config(name: str, **overrides) -> PretrainConfig:
-    """The preset `name`, or the config saved at path `name`, with fields overridden by keyword."""
-    if name in PRESETS:
-        return get_preset(name, **overrides)
-    saved = load_config(name).to_dict()
-    saved.pop("layer_types", None)  # derived from window_pattern, which an override may change
-    return PretrainConfig(**{**saved, **overrides})
-
-
 def model_config(model_args: ModelArguments, seq_len: int, tokenizer: PreTrainedTokenizerBase | None = None):
     """The model's config: the preset with the flags applied, sized for `tokenizer` (the preset's vocabulary
     without one, to check the flags before any data work)."""
@@ -306,8 +297,8 @@ def model_config(model_args: ModelArguments, seq_len: int, tokenizer: PreTrained
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
-    preset = base_config(model_args.preset)
-    return base_config(
+    preset = load_config(model_args.preset)
+    return load_config(
         model_args.preset,
         max_position_embeddings=max(preset.max_position_embeddings, seq_len),
         attention_backend=model_args.attention_backend,
@@ -328,7 +319,7 @@ def check_arguments(
     --num_proc, --dataset_path, and the run's estimated memory against what this machine has free."""
     config = model_config(model_args, data_args.seq_len)
     check_seq_len(data_args.seq_len)
-    positions = base_config(model_args.preset).max_position_embeddings
+    positions = load_config(model_args.preset).max_position_embeddings
     if data_args.seq_len > positions and (args is None or args.process_index == 0):
         print(
             f"warning: --seq_len {data_args.seq_len} is above the {positions} positions of --preset "
@@ -392,7 +383,7 @@ def main(argv: list[str] | None = None) -> dict:
         model_args, data_args, args = parse_args(argv)
         dtype, args = resolve_dtype(model_args, args)
         check_arguments(model_args, data_args, args, dtype)
-        tokenizer, train, heldout = prepare_data(data_args, args, base_config(model_args.preset).vocab_size)
+        tokenizer, train, heldout = prepare_data(data_args, args, load_config(model_args.preset).vocab_size)
     except (ValueError, FileNotFoundError) as err:
         fail(err)
     set_seed(args.seed)  # the initial weights, not only the data order, follow --seed

@@ -1,8 +1,8 @@
 """Size presets: plain functions in a registry, each returning a `PretrainConfig`.
 
-`get_preset(name, **overrides)` builds one; `PRESETS` maps names to builders and
-`nominal_parameters(name)` gives the size the name promises (checked by the test suite against a
-real parameter count). Shapes follow the usual recipes: SwiGLU width about 8/3 of the hidden size
+`get_preset(name, **overrides)` builds one, `load_config(name_or_path, **overrides)` a preset or a saved
+config; `PRESETS` maps names to builders and `nominal_parameters(name)` gives the size the name promises
+(checked by the test suite against a real parameter count). Shapes follow the usual recipes: SwiGLU width about 8/3 of the hidden size
 rounded up to a multiple of 64/128, head_dim 64 or 128, untied embeddings except where the
 original model tied them (GPT-2). MoE presets are named by their total parameters (all experts);
 `modeling.accounting.matmul_parameters` gives the active ones.
@@ -37,14 +37,20 @@ def get_preset(name: str, **overrides) -> PretrainConfig:
     return PRESETS[name](**overrides)
 
 
-def load_config(name_or_path: str) -> PretrainConfig:
-    """A preset name, a directory saved by `save_pretrained`, or a config.json file."""
+def load_config(name_or_path: str, **overrides) -> PretrainConfig:
+    """A preset name, a directory saved by `save_pretrained`, or a config.json file, with any field overridden by
+    keyword (a saved config's `layer_types` derived again from the `window_pattern` then in force)."""
     if name_or_path in PRESETS:
-        return get_preset(name_or_path)
+        return get_preset(name_or_path, **overrides)
     path = Path(name_or_path)
-    if path.exists():
-        return PretrainConfig.from_pretrained(path.parent if path.is_file() else path)
-    raise ValueError(f"config={name_or_path!r} is neither a preset ({sorted(PRESETS)}) nor an existing path.")
+    if not path.exists():
+        raise ValueError(f"config={name_or_path!r} is neither a preset ({sorted(PRESETS)}) nor an existing path.")
+    config = PretrainConfig.from_pretrained(path.parent if path.is_file() else path)
+    if not overrides:
+        return config
+    saved = config.to_dict()
+    saved.pop("layer_types", None)  # derived from window_pattern, which an override may change
+    return PretrainConfig(**{**saved, **overrides})
 
 
 def nominal_parameters(name: str) -> float:

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_pretrain import PretrainConfig, PretrainForCausalLM
+from hf_pretrain.presets import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = [
@@ -95,7 +96,7 @@ def test_default_job_trains_evaluates_saves_and_samples(tmp_path, capsys, steps)
     model_args, data_args, args = example.parse_args(
         ["--output_dir", str(tmp_path / "run2"), "--data_cache_dir", str(data), "--seq_len", "128"]
     )
-    example.prepare_data(data_args, args, example.base_config(model_args.preset).vocab_size)
+    example.prepare_data(data_args, args, load_config(model_args.preset).vocab_size)
     again = capsys.readouterr().out
     assert "[tokenizer] loaded" in again and again.count("[reused cache]") == 2
 

@@ -465,7 +465,7 @@ def test_cli_writes_files_accelerate_and_the_example_accept(flags, distributed_t
     assert args.max_steps == saved["batch"]["steps"] and args.learning_rate == pytest.approx(
         saved["schedule"]["peak_lr"], rel=1e-2
     )
-    built = example.base_config(model_args.preset)
+    built = load_config(model_args.preset)
     assert count_parameters(built) == saved["model"]["parameters"]
     kwargs = args.lr_scheduler_kwargs
     tokens = {"seen": 0.0}
@@ -498,7 +498,7 @@ def test_every_plan_written_passes_the_examples_argument_check(flags, tmp_path, 
     model_args, data_args, args = example.parse_args(shlex.split(saved["command"].split("examples/pretrain.py ")[1]))
     example.resolve_dtype(model_args, args)
     example.check_arguments(model_args, data_args)  # what the example refuses before any data work
-    assert example.base_config(model_args.preset).vocab_size == data_args.vocab_size
+    assert load_config(model_args.preset).vocab_size == data_args.vocab_size
     one_step = saved["batch"]["global_tokens"]
     assert args.lr_scheduler_kwargs["warmup_tokens"] >= one_step  # never a warmup of 0.0 steps
 

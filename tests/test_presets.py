@@ -3,7 +3,7 @@ import torch
 
 from hf_pretrain import PRESETS, PretrainForCausalLM, get_preset
 from hf_pretrain.modeling import accounting
-from hf_pretrain.presets import nominal_parameters
+from hf_pretrain.presets import load_config, nominal_parameters
 
 
 def count_parameters(config) -> int:
@@ -40,3 +40,13 @@ def test_overrides_and_unknown_names():
     assert get_preset("tiny", window_pattern="SL", sliding_window=64).layer_types[0] == "sliding_attention"
     with pytest.raises(ValueError, match="preset='gpt5' is unknown; choose one of"):
         get_preset("gpt5")
+
+
+def test_a_saved_config_is_loaded_with_overrides_and_its_layer_types_derived_again(tmp_path):
+    get_preset("tiny", window_pattern="L").save_pretrained(tmp_path)
+    assert load_config(str(tmp_path / "config.json")).layer_types == get_preset("tiny", window_pattern="L").layer_types
+    windowed = load_config(str(tmp_path), window_pattern="SL", sliding_window=64)
+    assert windowed.layer_types == get_preset("tiny", window_pattern="SL", sliding_window=64).layer_types
+    assert load_config("tiny", vocab_size=300).vocab_size == 300  # a preset: get_preset's overrides
+    with pytest.raises(ValueError, match="config='no/such' is neither a preset"):
+        load_config("no/such", vocab_size=300)
