@@ -4,7 +4,7 @@
 `slurm` (`SlurmPipelineExecutor`: one job array per stage, chained by `afterok` dependencies) or `ray`
 (`RayPipelineExecutor`: on a Ray cluster, `address` "auto" or host:port, or a local one started for the run).
 `tasks` is the number of shards (each task reads a contiguous part of the input files, or rows), `workers`
-how many run at once. Checked before any data is read; the engines are optional installs, named in the error.
+how many run at once. Checked before any data is read; Ray (and Slurm's commands) are optional installs, named in the error.
 """
 
 from __future__ import annotations

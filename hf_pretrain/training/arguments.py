@@ -54,7 +54,7 @@ from transformers.utils import logging
 
 from ..callback import PretrainCallback
 from ..data.mixture import MixtureConfig
-from ..data.pipeline import tokenizer_path
+from ..data.prepared import tokenizer_path
 from ..evaluation.downstream.callback import DownstreamEvalCallback
 from ..evaluation.generation_probe import GenerationProbeCallback
 from ..precision.convert import MIN_FEATURES

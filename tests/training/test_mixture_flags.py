@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 
 from hf_pretrain.data import embedded_documents
+from hf_pretrain.data.chain import run_pipeline
 from hf_pretrain.data.mixture import MixtureConfig
-from hf_pretrain.data.pipeline import Pipeline, tokenizer_path
 from hf_pretrain.data.pipeline_config import PipelineConfig
+from hf_pretrain.data.prepared import tokenizer_path
 from hf_pretrain.training.arguments import check_mixture_flags, mixture_tokenizer
 
 
@@ -19,7 +20,7 @@ def prepared(tmp_path: Path, name: str, documents: list[str], tokenizer: dict) -
     config = PipelineConfig(
         input=str(corpus), output_dir=str(tmp_path / name), clean=None, dedup=None, tokenizer=tokenizer, pack=None
     )
-    Pipeline(config, verbose=False).run()
+    run_pipeline(config, verbose=False)
     return tmp_path / name
 
 
