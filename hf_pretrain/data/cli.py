@@ -1,6 +1,6 @@
 """`hf-pretrain data ...`: each step of the chain on its own, and `prepare CONFIG` for all of them.
 
-hf-pretrain data clean --input raw/ --output clean/ [--num-proc 8] [--rank 0 --world-size 1]
+hf-pretrain data clean --input raw/ --output clean/ [--num-proc 8]
 hf-pretrain data filter --input clean/ --output filtered/ --model runs/small --threshold 1500
 hf-pretrain data dedup --input filtered/ --output dedup/ [--threshold 0.8 --num-perm 128]
 hf-pretrain data train-tokenizer --input dedup/ --output tok/ --vocab-size 32768
@@ -8,9 +8,9 @@ hf-pretrain data pack --input dedup/ --tokenizer tok/ --output packed/ --seq-len
 hf-pretrain data prepare pipeline.json [--executor local|slurm|ray --tasks 64 --workers 8]
 
 Inputs: jsonl / json / txt / md files (also compressed: .gz .bz2 .xz .zst), parquet / arrow files,
-folders of them, or `save_to_disk` folders (the output of an earlier step). Each step writes an
-Arrow folder (or the tokenizer), its `stats.json`, and prints one line per block; `prepare` prints
-the summary table.
+folders of them, `save_to_disk` folders, or the output folder of an earlier step. Each step is the
+chain (`run_pipeline`) with that one section on: it writes the chain's folders, `stats.json` and the
+summary table, and the next step reads its output folder.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,35 +28,33 @@ from .workers import children_die_with_parent  # the standard library only: each
 if TYPE_CHECKING:
     from .blocks import BlockStats
 
+STEPS_OFF = {"clean": None, "perplexity": None, "dedup": None, "tokenizer": None, "pack": None}
+
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--input", required=True, help="files, a folder of them, or a save_to_disk folder")
+    parser.add_argument(
+        "--input", required=True, help="files, a folder of them, a save_to_disk folder or a step's output"
+    )
     parser.add_argument("--output", required=True, help="output folder")
     parser.add_argument("--text-column", default="text")
-    parser.add_argument("--num-proc", type=int, default=None, help="worker processes")
-    parser.add_argument("--rank", type=int, default=0, help="this process's shard (several machines)")
-    parser.add_argument("--world-size", type=int, default=1, help="number of shards")
+    parser.add_argument("--num-proc", type=int, default=None, help="tasks at once (the input's files are the shards)")
 
 
-def _run_blocks(args, blocks: list) -> list[BlockStats]:
-    from .read import ReadFiles
+def _run_step(args, heldout_fraction: float = 0.0, **sections) -> list[BlockStats]:
+    """The chain with `sections` on and every other step off (held out: none, unless given)."""
+    from .chain import run_pipeline
+    from .pipeline_config import PipelineConfig
 
-    reader = ReadFiles(args.text_column)
-    data = reader.run(args.input, args.rank, args.world_size, args.num_proc)
-    stats = [reader.stats]
-    for block in blocks:
-        data = block.run(data, num_proc=args.num_proc)
-        stats.append(block.stats)
-    data.save_to_disk(args.output)
-    return _finish(args.output, stats)
-
-
-def _finish(output: str, stats: list[BlockStats]) -> list[BlockStats]:
-    Path(output).mkdir(parents=True, exist_ok=True)
-    Path(output, "stats.json").write_text(json.dumps([s.to_dict() for s in stats], indent=2) + "\n")
-    for s in stats:
-        print(s.summary())
-    print(f"wrote {output} (stats.json beside the data)")
+    config = PipelineConfig(
+        input=args.input,
+        output_dir=args.output,
+        text_column=args.text_column,
+        num_proc=args.num_proc,
+        heldout_fraction=heldout_fraction,
+        **{**STEPS_OFF, **sections},
+    )
+    stats = run_pipeline(config)
+    print(f"wrote {args.output} (the next step reads it: --input {args.output})")
     return stats
 
 
@@ -71,8 +70,8 @@ def clean(argv: list[str]) -> list[BlockStats]:
         values = json.loads(args.config or "{}")
     except json.JSONDecodeError as err:
         raise ValueError(f"--config is not valid JSON ({err}); e.g. --config '{{\"min_tokens\": 16}}'.") from None
-    config = CleanConfig(**check_section("--config", values, settable_keys(CleanConfig)))
-    return _run_blocks(args, [Clean(config, text_column=args.text_column)])
+    Clean(CleanConfig(**check_section("--config", values, settable_keys(CleanConfig))))  # the flag's error first
+    return _run_step(args, clean=values)
 
 
 def perplexity_filter(argv: list[str]) -> list[BlockStats]:
@@ -86,10 +85,15 @@ def perplexity_filter(argv: list[str]) -> list[BlockStats]:
     args = parser.parse_args(argv)
     from .perplexity import PerplexityFilter
 
-    block = PerplexityFilter(
-        args.model, args.threshold, args.text_column, None, args.max_length, args.batch_size, args.keep_scores
-    )
-    return _run_blocks(args, [block])
+    section = {
+        "model_path": args.model,
+        "threshold": args.threshold,
+        "max_length": args.max_length,
+        "batch_size": args.batch_size,
+        "keep_scores": args.keep_scores,
+    }
+    PerplexityFilter(**section)  # a model that cannot be loaded: the flag's error, before any data work
+    return _run_step(args, perplexity=section)
 
 
 def dedup(argv: list[str]) -> list[BlockStats]:
@@ -100,45 +104,33 @@ def dedup(argv: list[str]) -> list[BlockStats]:
     parser.add_argument("--shingle-size", type=int, default=5, help="words per shingle")
     parser.add_argument("--no-exact", action="store_true", help="skip the exact (content hash) pass")
     args = parser.parse_args(argv)
-    from .dedup import ExactDedup, MinHashDedup
-
-    blocks = [] if args.no_exact else [ExactDedup(text_column=args.text_column)]
-    blocks.append(
-        MinHashDedup(
-            text_column=args.text_column,
-            threshold=args.threshold,
-            num_perm=args.num_perm,
-            shingle_size=args.shingle_size,
-        )
-    )
-    return _run_blocks(args, blocks)
+    section = {"exact": not args.no_exact, "threshold": args.threshold, "num_perm": args.num_perm}
+    return _run_step(args, dedup={**section, "shingle_size": args.shingle_size, "verbose": False})
 
 
 def train_tokenizer_cli(argv: list[str]) -> list[BlockStats]:
-    parser = argparse.ArgumentParser(prog="hf-pretrain data train-tokenizer", description="Train a byte-level BPE.")
+    parser = argparse.ArgumentParser(
+        prog="hf-pretrain data train-tokenizer",
+        description="Train a byte-level BPE; OUTPUT holds it as save_pretrained writes it (AutoTokenizer loads it).",
+    )
     _common(parser)
     parser.add_argument("--vocab-size", type=int, required=True, help="e.g. 100000 for real runs, 4096 on a CPU")
     parser.add_argument("--heldout-fraction", type=float, default=0.01, help="documents measured, not trained on")
     parser.add_argument("--min-frequency", type=int, default=2)
     args = parser.parse_args(argv)
-    from .read import ReadFiles
-    from .split import check_fraction, split_by_hash
-    from .tokenizer import check_vocab_size, train_tokenizer
+    from .prepared import tokenizer_path
+    from .split import check_fraction
+    from .tokenizer import check_vocab_size
 
     check_vocab_size(args.vocab_size)  # before any data is read
     check_fraction(args.heldout_fraction, "--heldout-fraction")
-    reader = ReadFiles(args.text_column)
-    data = reader.run(args.input, args.rank, args.world_size, args.num_proc)
-    splits = split_by_hash(data, args.heldout_fraction, args.text_column, args.num_proc)
-    heldout = list(splits["heldout"][args.text_column])
-    tokenizer, stats = train_tokenizer(
-        splits["train"], args.output, args.vocab_size, args.text_column, heldout, args.min_frequency
-    )
-    result = _finish(args.output, [reader.stats, stats])
-    print(
-        f"{len(tokenizer)} tokens; {stats.extra['bytes_per_token']} bytes/token on {stats.extra['bytes_per_token_on']} text"
-    )
-    return result
+    tokenizer = {"vocab_size": args.vocab_size, "min_frequency": args.min_frequency}
+    stats = _run_step(args, args.heldout_fraction, tokenizer=tokenizer)
+    for path in tokenizer_path(args.output).iterdir():  # OUTPUT is the tokenizer too: AutoTokenizer loads it
+        shutil.copy2(path, Path(args.output) / path.name)
+    extra = next(s for s in stats if s.block == "tokenizer").extra
+    print(f"{extra['vocab_size']} tokens; {extra['bytes_per_token']} bytes/token on {extra['bytes_per_token_on']} text")
+    return stats
 
 
 def pack(argv: list[str]) -> list[BlockStats]:
@@ -151,10 +143,14 @@ def pack(argv: list[str]) -> list[BlockStats]:
     from transformers import AutoTokenizer
 
     from .blocks import from_pretrained
-    from .packing import Pack
+    from .packing import MODES, check_seq_len
+    from .prepared import tokenizer_folder
 
-    tokenizer = from_pretrained(AutoTokenizer, args.tokenizer, "--tokenizer")
-    return _run_blocks(args, [Pack(tokenizer, args.seq_len, args.mode, args.text_column)])
+    from_pretrained(AutoTokenizer, tokenizer_folder(args.tokenizer), "--tokenizer")  # before any data is read
+    check_seq_len(args.seq_len)
+    if args.mode not in MODES:
+        raise ValueError(f"--mode {args.mode!r} is invalid; use one of {list(MODES)}.")
+    return _run_step(args, tokenizer={"path": args.tokenizer}, pack={"seq_len": args.seq_len, "mode": args.mode})
 
 
 def prepare(argv: list[str]) -> list[BlockStats]:

@@ -122,7 +122,9 @@ def _check_tokenizer(values) -> None:
     if "path" in values:
         from transformers import AutoTokenizer
 
-        from_pretrained(AutoTokenizer, values["path"], "path")
+        from .prepared import tokenizer_folder
+
+        from_pretrained(AutoTokenizer, tokenizer_folder(values["path"]), "path")
 
 
 def _check_pack(values) -> None:

@@ -89,6 +89,23 @@ def load_split(folder: Path) -> Dataset:
     return concatenate_datasets([load_from_disk(str(p)) for p in shards])
 
 
+def documents_folder(path: str | Path) -> Path | None:
+    """The documents a `prepare` kept, when `path` is its output folder (`NN-pack/documents/{train,heldout}/SHARD`,
+    so one step's output is the next one's input); else None."""
+    folder = next(iter(sorted(Path(path).glob("*-pack"))), None)
+    if folder is None or not (folder / "stats.json").exists() or not (folder / "documents" / "train").is_dir():
+        return None
+    return folder / "documents"
+
+
+def tokenizer_folder(path: str | Path) -> str | Path:
+    """The tokenizer at `path`: a `prepare` output folder's (`tokenizer_path`), or `path` itself (a folder that
+    save_pretrained wrote, or a name on the Hub)."""
+    if any(Path(path).glob("*-tokenizer/stats.json")):
+        return tokenizer_path(path)
+    return path
+
+
 def tokenizer_path(output_dir: str | Path) -> Path:
     """The folder of the tokenizer a `prepare` wrote (`AutoTokenizer.from_pretrained` loads it)."""
     return _last_step(output_dir, "tokenizer") / "tokenizer"

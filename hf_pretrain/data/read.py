@@ -32,6 +32,7 @@ from datasets import Dataset, DatasetDict, IterableDataset, load_dataset, load_f
 from datasets.exceptions import DatasetGenerationError
 
 from .blocks import Block, check_rank, check_text_column, shard_range
+from .prepared import documents_folder, load_split
 from .records import (
     BOM,
     COMPRESSIONS,
@@ -62,7 +63,7 @@ def list_files(path: str | Path, field: str = "input") -> tuple[str, list[Path]]
         raise FileNotFoundError(
             f"{field}={str(path)!r} does not exist; pass a file, a folder of files or a save_to_disk folder."
         )
-    if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+    if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists() or documents_folder(path):
         return "disk", [path]
     files = sorted(p for p in (path.rglob("*") if path.is_dir() else [path]) if file_kind(p) and p.is_file())
     kinds = {file_kind(p) for p in files}
@@ -78,6 +79,18 @@ def list_files(path: str | Path, field: str = "input") -> tuple[str, list[Path]]
             f"{sorted(kinds)}."
         )
     return kinds.pop(), files
+
+
+def load_saved(path: str | Path) -> Dataset | DatasetDict:
+    """A `save_to_disk` folder, or the documents a `prepare` kept (`prepared.documents_folder`): its train shards,
+    with its held-out shards as a DatasetDict when it kept any."""
+    documents = documents_folder(path)
+    if documents is None:
+        return load_from_disk(str(path))
+    train, heldout = load_split(documents / "train"), None
+    if (documents / "heldout").is_dir():
+        heldout = load_split(documents / "heldout")
+    return DatasetDict(train=train, heldout=heldout) if heldout is not None and len(heldout) else train
 
 
 def _names(root: Path, files: list[Path]) -> list[str]:
@@ -205,7 +218,7 @@ class ReadFiles(Block):
         kind, files = list_files(data)
         root = Path(data)
         if kind == "disk":
-            loaded = load_from_disk(str(files[0]))
+            loaded = load_saved(files[0])
             if not isinstance(loaded, Dataset):
                 loaded = loaded["train"] if "train" in loaded else next(iter(loaded.values()))
             self._source = {"names": [root.name], "starts": [0]}
@@ -368,7 +381,7 @@ def read_splits(path: str | Path, text_column: str = "text", num_proc: int | Non
     """Every split at `path` through the reader: a save_to_disk DatasetDict keeps its splits, anything else is `train`.
     Prints the drop counts of a split that had any."""
     kind, _ = list_files(path, field="dataset_path")
-    loaded = load_from_disk(str(path)) if kind == "disk" else None
+    loaded = load_saved(path) if kind == "disk" else None
     if not isinstance(loaded, DatasetDict):
         reader = ReadFiles(text_column)
         splits = {"train": reader.run(path, num_proc=num_proc)}

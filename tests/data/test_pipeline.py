@@ -64,14 +64,28 @@ def test_prepare_runs_the_chain_and_a_relaunch_reuses_complete_steps(tmp_path, c
     assert (tmp_path / "out" / "03-clusters" / "tasks" / "00000.json").stat().st_mtime_ns == first_run
 
 
-def test_single_steps_from_the_command_line(tmp_path):
+def test_single_steps_from_the_command_line(tmp_path, capsys):
+    """Each step is the chain with its one section on; the next step reads the folder the last one wrote, and the
+    steps one by one keep what `prepare` keeps."""
     dirty_corpus(tmp_path / "raw")
     assert main(["data", "clean", "--input", str(tmp_path / "raw"), "--output", str(tmp_path / "clean")]) == 0
     assert main(["data", "dedup", "--input", str(tmp_path / "clean"), "--output", str(tmp_path / "dedup")]) == 0
-    read, clean = json.loads((tmp_path / "clean" / "stats.json").read_text())
+    read, clean, _ = json.loads((tmp_path / "clean" / "stats.json").read_text())
     assert read["block"] == "read" and clean["block"] == "clean" and clean["documents_in"] == read["documents_out"]
-    _, exact, near = json.loads((tmp_path / "dedup" / "stats.json").read_text())
-    assert exact["dropped"]["exact_duplicate"] >= 20 and near["block"] == "minhash_dedup"
+    read, exact, near, _ = json.loads((tmp_path / "dedup" / "stats.json").read_text())
+    assert read["documents_in"] == clean["documents_out"] and exact["dropped"]["exact_duplicate"] >= 20
+    assert near["block"] == "minhash_dedup"
+    tok = ["--input", str(tmp_path / "dedup"), "--output", str(tmp_path / "tok"), "--vocab-size", "512"]
+    assert main(["data", "train-tokenizer", *tok]) == 0
+    assert "512 tokens; " in capsys.readouterr().out
+    packed = ["--input", str(tmp_path / "dedup"), "--tokenizer", str(tmp_path / "tok"), "--output", str(tmp_path / "k")]
+    assert main(["data", "pack", *packed, "--seq-len", "128"]) == 0
+    config = {"input": str(tmp_path / "raw"), "output_dir": str(tmp_path / "all"), "heldout_fraction": 0.0}
+    (tmp_path / "all.json").write_text(json.dumps({**config, "tokenizer": None, "pack": None}))
+    assert main(["data", "prepare", str(tmp_path / "all.json")]) == 0
+    one_by_one = kept_documents(tmp_path / "k", "train")
+    assert one_by_one["doc_id"] == kept_documents(tmp_path / "all", "train")["doc_id"]
+    assert sum(len(ids) for ids in load_packed(tmp_path / "k")["train"]["doc_ids"]) >= len(one_by_one)
 
 
 def test_fields_survive_the_chain_and_blocks_name_their_documents(tmp_path):
@@ -128,7 +142,7 @@ def test_bad_input_is_one_line_naming_the_path_or_the_key(tmp_path, capsys):
         "pass a file, a folder of files or a save_to_disk folder."
     )
     (tmp_path / "empty.jsonl").write_text("\n \n")
-    assert main(["data", "dedup", "--input", str(tmp_path / "empty.jsonl"), "--output", str(out)]) == 2
+    assert main(["data", "dedup", "--input", str(tmp_path / "empty.jsonl"), "--output", str(tmp_path / "read")]) == 2
     line = error_line(capsys)
     assert line.startswith("error: No document could be read from ") and "empty.jsonl" in line and "blank" in line
     dirty_corpus(tmp_path / "raw")

@@ -40,7 +40,7 @@ from pathlib import Path
 from ..blocks import BlockStats
 from ..executor_config import ExecutorConfig
 from ..pipeline_config import PipelineConfig
-from ..prepared import config_key, files_signature, summary_table
+from ..prepared import config_key, files_signature, summary_table, tokenizer_folder
 from .dedup_shards import write_json
 
 CONSTANT = {"mode", "seq_len", "bands", "rows", "num_perm", "threshold", "heldout_fraction", "vocab_size"}
@@ -49,14 +49,14 @@ MAXIMUM = {"peak_rss_bytes"}
 
 def count_shards(config: PipelineConfig, tasks: int) -> int:
     """How many shards: `tasks`, at most one per input file (line files) or row (typed inputs)."""
-    from datasets import DatasetDict, load_from_disk
+    from datasets import DatasetDict
 
-    from ..read import TypedFiles, list_files
+    from ..read import TypedFiles, list_files, load_saved
     from ..split import own_heldout
 
     kind, files = list_files(config.input)
     if kind == "disk":
-        loaded = load_from_disk(str(files[0]))
+        loaded = load_saved(files[0])
         if isinstance(loaded, DatasetDict):
             if "train" not in loaded and own_heldout(loaded):
                 raise ValueError(f"input={config.input!r} has splits {list(loaded)}, no 'train'; save one named train.")
@@ -89,7 +89,7 @@ def stage_settings(plan, stage) -> list:
         return [files_signature(c.input), c.text_column, c.max_bytes, c.clean, c.perplexity, c.dedup, plan.shards]
     if stage.folder == "04-tokenizer":
         path = c.tokenizer.get("path")
-        signature = files_signature(path) if path else None
+        signature = files_signature(tokenizer_folder(path)) if path else None
         return [c.tokenizer, signature, c.heldout_fraction, plan.tokenizer_sample_documents]
     if stage.folder == "05-pack":
         return [c.pack, c.heldout_fraction]

@@ -40,7 +40,8 @@ from datatrove.pipeline.base import PipelineStep
 from ..blocks import DROP, BlockStats, from_pretrained, shard_range
 from ..dedup import EXACT, REASONS, _GlobalDedup
 from ..pipeline_config import PipelineConfig
-from ..read import ReadFiles, list_files
+from ..prepared import tokenizer_folder
+from ..read import ReadFiles, list_files, load_saved
 from ..records import DOC_ID, RECORD
 from ..split import own_heldout
 from . import dedup_shards
@@ -64,10 +65,10 @@ class Plan:
     @functools.cached_property
     def own_heldout(self) -> str | None:
         """The name of the held-out split a `save_to_disk` DatasetDict input brings (`split.own_heldout`), or None."""
-        from datasets import DatasetDict, load_from_disk
+        from datasets import DatasetDict
 
         kind, files = list_files(self.config.input)
-        loaded = load_from_disk(str(files[0])) if kind == "disk" else None
+        loaded = load_saved(files[0]) if kind == "disk" else None
         return own_heldout(loaded) if isinstance(loaded, DatasetDict) else None
 
     @property
@@ -256,7 +257,7 @@ class Documents(Stage):
         own = self.plan.own_heldout
         if own and rank == 0:  # the input's own held-out split: small, read whole by the first task
             held = ReadFiles(c.text_column, c.max_bytes)
-            loaded = load_from_disk(c.input)[own]
+            loaded = load_saved(c.input)[own]
             splits["heldout"] = held.read_dataset(loaded, f"{Path(c.input).name}/{own}", num_proc=c.num_proc)
             stats.append(dataclasses.replace(held.stats, block="read heldout"))
         for split, data in splits.items():
@@ -356,7 +357,7 @@ def make_tokenizer(train, heldout: list[str], options: dict, folder: Path, text_
     if "path" in options:  # an existing tokenizer: copy it, measure it
         from transformers import AutoTokenizer
 
-        tokenizer = from_pretrained(AutoTokenizer, options["path"], "path")
+        tokenizer = from_pretrained(AutoTokenizer, tokenizer_folder(options["path"]), "path")
         tokenizer.save_pretrained(str(folder / "tokenizer"))
         extra = {"reused": options["path"], "vocab_size": len(tokenizer)}
         extra.update(measure_bytes_per_token(tokenizer, heldout, train, text_column))
