@@ -123,3 +123,18 @@ def test_writer_gil_benchmark_times_both_writers(tmp_path, capsys):
     results = load("writer_gil").main(["--gib", "0.01", "--dir", str(tmp_path)])
     assert set(results) == {"torch.save", "safetensors save_file"} and all(t > 0 for t, _ in results.values())
     assert "the main thread's longest wait" in capsys.readouterr().out and not list(tmp_path.iterdir())
+
+
+def test_datatrove_parts_benchmark_prints_every_pair_and_fault(capsys):
+    for name in ("datatrove", "spacy", "orjson", "zstandard"):
+        pytest.importorskip(name, reason=f"datatrove's side needs {name}: pip install 'hf_pretrain[test]'")
+    module = load("datatrove_parts")
+    results = module.main(["--size", "tiny"])
+    out = capsys.readouterr().out
+    for pair in module.PAIRS:  # a row of measures per pair, both sides run (no "failed" line)
+        assert f"\n{pair:<24} " in out and "docs/s per core" in out
+    for case in module.FAULTS:
+        assert f"\n{case:<24} ours:" in out
+    assert "failed:" not in out and out.count("verdict:") == len(module.PAIRS) + len(module.FAULTS)
+    assert results["exact dedup"]["ours"]["dropped"] == results["exact dedup"]["theirs"]["dropped"] > 0
+    assert results["invalid UTF-8 lines"]["ours"]["value"]["dropped"] == {"invalid_utf8": 2}
