@@ -1,8 +1,11 @@
 """Our data blocks against datatrove's own parts, pair by pair, measured in one run: quality, speed, memory, faults.
 
-Pairs (ours | datatrove 0.10's), each side run as one task in a process of its own (forked from this one, after the
-libraries were imported, so neither pays its imports; what a task builds itself, spaCy's tokenizer included, is
-counted):
+Pairs (ours | datatrove 0.10's), each side run as one task in a process of its own, forked from one "zygote" process
+that was forked once the libraries (and the modules they load lazily) were imported and before any input existed:
+neither side pays an import, every task starts from the same heap, and what a task builds itself (spaCy's tokenizer
+included) is counted. Datatrove's default shingle hash (xxhash64 of a str) raises with xxhash 4, which this package
+installs ("Strings must be encoded before hashing"; datatrove's own extras pin xxhash < 4): the benchmark encodes
+the str as UTF-8, as xxhash 3 did, and gives exact dedup a `content_getter` that returns bytes.
 
 - MinHash near-dedup on `benchmarks/dedup.py`'s planted corpus (copies edited to target Jaccard 1.0 ... 0.5):
   `MinHashDedup` (the block the chain runs in one process) and the sharded stages (`engines/dedup_shards.py`: what
@@ -31,9 +34,10 @@ Measures: docs/s per core = documents / the task process's CPU seconds (steadier
 machine); RSS added = the task's peak resident memory above its start (`engines/stages.py`'s `PeakMemory`, psutil
 sampled every 20 ms); recall / precision as `benchmarks/dedup.py` defines them; "dissimilar docs kept": of the
 documents in no planted pair of exact Jaccard >= threshold - 0.1, the fraction kept. Ratios are theirs / ours, both
-measured in this run; a one-line verdict per pair names what each side measures better on (where recall or precision differ
-by more than 2 %, dissimilar docs kept by 0.1 %, speed or memory by 10 %). Each task's log lines (datatrove's) go to
-`WORKDIR/logs/`. On a shared machine run it with `nice`: absolute figures are noisy, ratios within a run less so.
+measured in this run; a one-line verdict per pair names what each side measures better on (where recall or
+precision differ by more than 2 %, dissimilar docs kept by 0.1 %, speed or memory by 10 %). Each task's log lines
+(datatrove's) go to `WORKDIR/logs/`. On a shared machine run it with `nice`: absolute figures are noisy, ratios
+within a run less so. Sizes: tiny (seconds: the test), small (the default: about a minute on 2 cores), large.
 
     nice -n 10 python benchmarks/datatrove_parts.py [--size tiny|small|large] [--workdir DIR]
 """
@@ -128,9 +132,38 @@ PAIRS = ("minhash dedup (block)", "minhash dedup (sharded)", "exact dedup", *FIL
 # -- one task in a process of its own --------------------------------------------------------------
 
 
-def measured(log: Path, function: Callable, *args) -> dict:
-    """`function(*args)` in a forked process: {"value", "cpu" seconds, "rss_added" bytes} or {"error"}; the task's
-    stdout and stderr (datatrove's log lines) go to `log`."""
+class Tasks:
+    """Runs each task in a process of its own, forked from a "zygote" forked here once the libraries are loaded and
+    before any input exists: every task starts from the same heap. (Forked from this process, a task would fill the
+    free memory that earlier work left here without its resident memory growing: its RSS added would depend on what
+    ran before it.) A task is named by its function: the zygote has the same module state."""
+
+    def __init__(self):
+        context = multiprocessing.get_context("fork")
+        self._requests, requests = context.Pipe()
+        self._zygote = context.Process(target=self._serve, args=(requests,))
+        self._zygote.start()
+        requests.close()
+
+    def run(self, log: Path, function: Callable, *args) -> dict:
+        """`function(*args)` as one task: {"value", "cpu" seconds, "rss_added" bytes} or {"error"}; the task's stdout
+        and stderr (datatrove's log lines) go to `log`."""
+        self._requests.send((log, function.__name__, args))
+        return self._requests.recv()
+
+    def close(self) -> None:
+        self._requests.send(None)
+        self._zygote.join()
+
+    @staticmethod
+    def _serve(requests) -> None:
+        while (request := requests.recv()) is not None:
+            log, name, args = request
+            requests.send(forked(log, globals()[name], *args))
+
+
+def forked(log: Path, function: Callable, *args) -> dict:
+    """`function(*args)` in a forked process (`Tasks.run`)."""
     context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
     process = context.Process(target=_task, args=(send, log, function, args))
@@ -294,7 +327,7 @@ def theirs_read(folder: Path, suffix: str) -> dict:
     from loguru import logger
 
     warnings: list[str] = []
-    logger.add(lambda message: warnings.append(message.record["message"]), level="WARNING")
+    sink = logger.add(lambda message: warnings.append(message.record["message"]), level="WARNING")
     reader = (ParquetReader if suffix == ".parquet" else JsonlReader)(str(folder))
     docs, error = 0, ""
     try:
@@ -302,6 +335,8 @@ def theirs_read(folder: Path, suffix: str) -> dict:
             docs += 1
     except Exception as err:  # what a task of theirs dies of: recorded
         error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    finally:
+        logger.remove(sink)
     return {"docs": docs, "error": error, "warnings": warnings, "counters": counters(reader)}
 
 
@@ -363,12 +398,14 @@ def ours_read(folder: Path, cache: Path) -> dict:
 
     from hf_pretrain.data.read import ReadFiles
 
-    datasets.config.HF_DATASETS_CACHE = str(cache)  # a fresh cache: nothing read before is reused
+    before, datasets.config.HF_DATASETS_CACHE = datasets.config.HF_DATASETS_CACHE, str(cache)  # nothing reused
     reader = ReadFiles()
     try:
         docs, error = len(reader.run(str(folder))), ""
     except ValueError as err:
         docs, error = 0, f"ValueError: {str(err).splitlines()[0]}"
+    finally:
+        datasets.config.HF_DATASETS_CACHE = before
     corrupt = reader.stats.extra.get("corrupt_files", [])
     return {"docs": docs, "error": error, "dropped": dict(reader.stats.dropped), "corrupt_files": corrupt}
 
@@ -453,7 +490,7 @@ def dedup_quality(result: dict, planted, jaccard: ExactJaccard, far: np.ndarray)
     }
 
 
-def run_dedup(texts, planted, work: Path, logs: Path) -> dict:
+def run_dedup(tasks: Tasks, texts, planted, work: Path, logs: Path) -> dict:
     from hf_pretrain.data.dedup import MinHashDedup
 
     block = MinHashDedup(threshold=THRESHOLD, num_perm=NUM_PERM, shingle_size=SHINGLE, seed=SEED, verbose=False)
@@ -462,12 +499,12 @@ def run_dedup(texts, planted, work: Path, logs: Path) -> dict:
     log = logs / "dedup.log"
     print(f"[dedup] datatrove's 4 MinHash stages on {len(texts):,} documents ...", flush=True)
     theirs = dedup_quality(
-        measured(log, theirs_minhash, texts, work / "theirs_minhash", block.bands, block.rows), planted, jaccard, far
+        tasks.run(log, theirs_minhash, texts, work / "theirs_minhash", block.bands, block.rows), planted, jaccard, far
     )
     print("[dedup] ours: MinHashDedup, the sharded stages; exact dedup, both ...", flush=True)
-    block_run = dedup_quality(measured(log, ours_minhash_block, texts), planted, jaccard, far)
-    sharded = dedup_quality(measured(log, ours_minhash_sharded, texts, work / "ours_sharded"), planted, jaccard, far)
-    exact = {"ours": measured(log, ours_exact, texts), "theirs": measured(log, theirs_exact, texts, work / "exact")}
+    block_run = dedup_quality(tasks.run(log, ours_minhash_block, texts), planted, jaccard, far)
+    sharded = dedup_quality(tasks.run(log, ours_minhash_sharded, texts, work / "ours_sharded"), planted, jaccard, far)
+    exact = {"ours": tasks.run(log, ours_exact, texts), "theirs": tasks.run(log, theirs_exact, texts, work / "exact")}
     for side in exact.values():
         if "error" not in side:
             side["dropped"] = int((~side["value"]["kept"]).sum())
@@ -485,14 +522,14 @@ def run_dedup(texts, planted, work: Path, logs: Path) -> dict:
     }
 
 
-def run_filters(docs: list[str], copies: int, logs: Path) -> dict:
+def run_filters(tasks: Tasks, docs: list[str], copies: int, logs: Path) -> dict:
     texts = docs * copies
     results = {}
     for pair, (name, rules) in FILTERS.items():
         print(f"[filters] {pair}: {len(texts):,} documents ...", flush=True)
         log = logs / "filters.log"
-        theirs = measured(log, theirs_filter, name, texts)
-        ours = measured(log, ours_filter, rules, texts) if rules is not None else None
+        theirs = tasks.run(log, theirs_filter, name, texts)
+        ours = tasks.run(log, ours_filter, rules, texts) if rules is not None else None
         results[pair] = {"ours": ours, "theirs": theirs, "n": len(docs)}
         for side in (ours, theirs):
             if side and "error" not in side:
@@ -503,14 +540,14 @@ def run_filters(docs: list[str], copies: int, logs: Path) -> dict:
     return results
 
 
-def run_readers(texts: list[str], work: Path, logs: Path) -> dict:
+def run_readers(tasks: Tasks, texts: list[str], work: Path, logs: Path) -> dict:
     folders = reader_inputs(work / "readers", texts)
     results = {}
     for n, (pair, folder) in enumerate(folders.items()):
         print(f"[readers] {pair}: {len(texts):,} documents in 2 files ...", flush=True)
         log = logs / "readers.log"
-        theirs = measured(log, theirs_read, folder, READERS[pair])
-        ours = measured(log, ours_read, folder, work / f"cache-read-{n}")
+        theirs = tasks.run(log, theirs_read, folder, READERS[pair])
+        ours = tasks.run(log, ours_read, folder, work / f"cache-read-{n}")
         results[pair] = {"ours": ours, "theirs": theirs}
         for side in (ours, theirs):
             if "error" not in side:
@@ -518,15 +555,15 @@ def run_readers(texts: list[str], work: Path, logs: Path) -> dict:
     return results
 
 
-def run_faults(texts: list[str], work: Path, logs: Path) -> dict:
+def run_faults(tasks: Tasks, texts: list[str], work: Path, logs: Path) -> dict:
     folders = fault_inputs(work / "faults", texts)
     results = {}
     for n, (case, folder) in enumerate(folders.items()):
         print(f"[faults] {case} ...", flush=True)
         suffix = ".parquet" if "parquet" in case else ".jsonl"
         results[case] = {
-            "ours": measured(logs / "faults.log", ours_read, folder, work / f"cache-fault-{n}"),
-            "theirs": measured(logs / "faults.log", theirs_read, folder, suffix),
+            "ours": tasks.run(logs / "faults.log", ours_read, folder, work / f"cache-fault-{n}"),
+            "theirs": tasks.run(logs / "faults.log", theirs_read, folder, suffix),
         }
     return results
 
@@ -722,24 +759,29 @@ def missing_packages() -> list[str]:
     return [name for name in THEIRS_NEEDS if importlib.util.find_spec(name) is None]
 
 
-def warm_imports() -> None:
-    """The libraries both sides use, imported once here so that no task pays an import (spaCy's tokenizer object,
-    built lazily by each task, is counted)."""
+def warm_up(work: Path) -> None:
+    """What both sides import, loaded once here so that no task pays an import: the libraries, and the modules they
+    load lazily (found by reading two documents of each format, and a `Clean` and an `ExactDedup` run on them). No
+    object of theirs is kept: each task builds its own (spaCy's tokenizer included), and that is counted."""
     import datasets
     import datatrove.executor  # noqa: F401
     import datatrove.pipeline.dedup  # noqa: F401
     import datatrove.pipeline.filters  # noqa: F401
-    import datatrove.pipeline.readers  # noqa: F401
     import psutil  # noqa: F401
     import spacy
 
-    import hf_pretrain.data.clean  # noqa: F401
     import hf_pretrain.data.engines.dedup_shards  # noqa: F401
     import hf_pretrain.data.engines.stages  # noqa: F401
-    import hf_pretrain.data.read  # noqa: F401
 
-    spacy.blank("en")  # its language data's modules; the object itself is thrown away
     datasets.disable_progress_bars()
+    spacy.blank("en")  # its language data's modules; the object itself is thrown away
+    texts = ["a first small document", "a second small document"]
+    for pair, folder in reader_inputs(work / "warm-up", texts).items():
+        ours_read(folder, work / "warm-up" / "cache")
+        theirs_read(folder, READERS[pair])
+    ours_filter(FILTERS["fineweb quality"][1], texts)
+    ours_exact(texts)
+    shutil.rmtree(work / "warm-up")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -757,21 +799,21 @@ def main(argv: list[str] | None = None) -> dict:
 
     from hf_pretrain.data.corpus import embedded_documents
 
-    warm_imports()
     size = SIZES[args.size]
     work = Path(args.workdir or tempfile.mkdtemp(prefix="datatrove_parts-"))
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+    warm_up(work)
+    tasks, start = Tasks(), time.perf_counter()  # the zygote: forked before any input exists
     try:
         texts, planted = planted_corpus(size.planted, SEED)
         docs = embedded_documents()[: size.filter_docs]
         read_texts = planted_corpus(size.read_docs, SEED + 1)[0]
         fault_texts = read_texts[: min(len(read_texts), 2000)]
-        dedup = run_dedup(texts, planted, work, logs)
-        filters = run_filters(docs, size.filter_copies, logs)
-        readers = run_readers(read_texts, work, logs)
-        faults = run_faults(fault_texts, work, logs)
+        dedup = run_dedup(tasks, texts, planted, work, logs)
+        filters = run_filters(tasks, docs, size.filter_copies, logs)
+        readers = run_readers(tasks, read_texts, work, logs)
+        faults = run_faults(tasks, fault_texts, work, logs)
         bands, rows = dedup["bands_rows"]
         print(
             f"\nours vs datatrove {version('datatrove')}'s parts, --size {args.size}: one task each (a process of its "
@@ -789,6 +831,7 @@ def main(argv: list[str] | None = None) -> dict:
         kept = logs if args.workdir else "removed with the temporary folder; pass --workdir to keep them"
         print(f"done in {time.perf_counter() - start:.0f} s; the tasks' logs: {kept}")
     finally:
+        tasks.close()
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
     return {**{k: v for k, v in dedup.items() if k in PAIRS}, **filters, **readers, **faults}
