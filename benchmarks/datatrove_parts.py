@@ -775,10 +775,14 @@ def warm_up(work: Path) -> None:
 
     datasets.disable_progress_bars()
     spacy.blank("en")  # its language data's modules; the object itself is thrown away
+    from loguru import logger
+
     texts = ["a first small document", "a second small document"]
+    logger.disable("datatrove")  # its "Reading input file" lines
     for pair, folder in reader_inputs(work / "warm-up", texts).items():
         ours_read(folder, work / "warm-up" / "cache")
         theirs_read(folder, READERS[pair])
+    logger.enable("datatrove")
     ours_filter(FILTERS["fineweb quality"][1], texts)
     ours_exact(texts)
     shutil.rmtree(work / "warm-up")
