@@ -8,8 +8,8 @@ installs ("Strings must be encoded before hashing"; datatrove's own extras pin x
 the str as UTF-8, as xxhash 3 did, and gives exact dedup a `content_getter` that returns bytes.
 
 - MinHash near-dedup on `benchmarks/dedup.py`'s planted corpus (copies edited to target Jaccard 1.0 ... 0.5):
-  `MinHashDedup` (the block the chain runs in one process) and the sharded stages (`engines/dedup_shards.py`: what
-  the chain runs on an executor), each | `MinhashDedupSignature` -> `MinhashDedupBuckets` -> `MinhashDedupCluster`
+  `MinHashDedup` (the one-process block) and the sharded stages (`chain/dedup_shards.py`: what the chain runs),
+  each | `MinhashDedupSignature` -> `MinhashDedupBuckets` -> `MinhashDedupCluster`
   -> `MinhashDedupFilter` on datatrove's `LocalPipelineExecutor` (one worker; the buckets stage one task per band).
   The same 5-word shingles, seed and banding (14 bands x 9 rows: `lsh_params(0.8, 128)`). Cannot match: their
   shingles are spaCy word tokens of a simplified text (punctuation removed, digits to 0, accents stripped), ours
@@ -31,7 +31,7 @@ the str as UTF-8, as xxhash 3 did, and gives exact dedup a `content_getter` that
   UTF-8) and one whole file: what each reads, counts, warns or raises.
 
 Measures: docs/s per core = documents / the task process's CPU seconds (steadier than wall-clock on a shared
-machine); RSS added = the task's peak resident memory above its start (`engines/stages.py`'s `PeakMemory`, psutil
+machine); RSS added = the task's peak resident memory above its start (`chain/stages.py`'s `PeakMemory`, psutil
 sampled every 20 ms); recall / precision as `benchmarks/dedup.py` defines them; "dissimilar docs kept": of the
 documents in no planted pair of exact Jaccard >= threshold - 0.1, the fraction kept. Ratios are theirs / ours, both
 measured in this run; a one-line verdict per pair names what each side measures better on (where recall or
@@ -186,7 +186,7 @@ def release_free_memory() -> None:
 
 
 def _task(send, log: Path, function: Callable, args: tuple) -> None:
-    from hf_pretrain.data.engines.stages import PeakMemory
+    from hf_pretrain.data.chain.stages import PeakMemory
 
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(out, 1)
@@ -357,7 +357,7 @@ def ours_minhash_sharded(texts: list[str], folder: Path) -> dict:
     """The executor chain's dedup stages on one shard: signatures, buckets (one task), clusters."""
     import pyarrow as pa
 
-    from hf_pretrain.data.engines import dedup_shards
+    from hf_pretrain.data.chain import dedup_shards
 
     settings = dedup_shards.DedupSettings(
         {"threshold": THRESHOLD, "num_perm": NUM_PERM, "shingle_size": SHINGLE, "seed": SEED}
@@ -770,8 +770,8 @@ def warm_up(work: Path) -> None:
     import psutil  # noqa: F401
     import spacy
 
-    import hf_pretrain.data.engines.dedup_shards  # noqa: F401
-    import hf_pretrain.data.engines.stages  # noqa: F401
+    import hf_pretrain.data.chain.dedup_shards  # noqa: F401
+    import hf_pretrain.data.chain.stages  # noqa: F401
 
     datasets.disable_progress_bars()
     spacy.blank("en")  # its language data's modules; the object itself is thrown away
