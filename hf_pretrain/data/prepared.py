@@ -16,6 +16,7 @@ from pathlib import Path
 from datasets import Dataset, concatenate_datasets, load_from_disk
 
 from .blocks import BlockStats
+from .storage import is_url, signature
 
 SUMMARY_EXTRAS = (
     "bytes_per_token",
@@ -36,7 +37,10 @@ def config_key(*parts) -> str:
 
 def files_signature(path: str | Path) -> list:
     """The files at `path` (a file or a folder) with their sizes and modification times: what a step read. The
-    cache files `datasets` writes beside the data of a `save_to_disk` folder (`cache-*.arrow`, `tmp*`) are left out."""
+    cache files `datasets` writes beside the data of a `save_to_disk` folder (`cache-*.arrow`, `tmp*`) are left out.
+    An fsspec URL: each object under it with its size and ETag (or its backend's version, `storage.signature`)."""
+    if is_url(path):
+        return signature(str(path))
     path = Path(path)
     if not path.exists():  # a tokenizer's name on the Hub, not a folder
         return [str(path)]

@@ -2,8 +2,9 @@
 
 Inputs: JSON Lines, plain text (one document per line), either compressed (`.gz`, `.bz2`, `.xz`, `.zst`:
 `records.open_lines`), Parquet, Arrow files and `save_to_disk` folders; a path is a file or a folder of files of
-one kind. Out: the text column, every other field as a column (types unified over the whole input, JSON where
-they cannot be), and `doc_id` (the record's own id, else where it was read: `part-0.jsonl:17`).
+one kind, or an fsspec URL (`s3://bucket/prefix`) whose objects are such files, read streamed (`storage.py`).
+Out: the text column, every other field as a column (types unified over the whole input, JSON where they cannot
+be), and `doc_id` (the record's own id, else where it was read: `part-0.jsonl:17`).
 
 A bad line or row never crashes the read: it becomes a dropped row with its reason (`invalid_utf8`,
 `malformed_json`, `missing_text`, `not_text`, `empty`, `too_large`, `corrupt_compression`), counted in
@@ -11,7 +12,8 @@ A bad line or row never crashes the read: it becomes a dropped row with its reas
 its name says, a broken page) is left out whole and counted as `corrupt_file` (its rows when its footer tells them,
 else 1) and named in `stats.extra["corrupt_files"]`; when nothing at all can be read, `run` raises one ValueError naming the
 files, the drops and the fix. Line files are split between ranks by file and between `num_proc` workers; typed
-inputs by contiguous rows. The output is cached by `datasets` under the paths, sizes and modification times.
+inputs by contiguous rows. The output is cached by `datasets` under the paths, sizes and modification times (an
+object's ETag).
 
 Written by hand: `datasets.load_dataset("json")` stops at the first malformed line, has no per-line error counts
 and fails on records whose fields differ between blocks of the file. Every rule, with examples: docs/data.md.
@@ -19,6 +21,7 @@ and fails on records whose fields differ between blocks of the file. Every rule,
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -51,13 +54,17 @@ from .records import (
     stream_errors,
     unpack_fields,
 )
+from .storage import is_url, list_objects, open_binary, relative_name, stat
 
 FILE_SUFFIXES = {**LINE_SUFFIXES, **TYPED_SUFFIXES}
 VERSION = "read-3"  # in the cache key: a new output format never reuses an old cache
 
 
-def list_files(path: str | Path, field: str = "input") -> tuple[str, list[Path]]:
-    """The kind of input at `path` ("disk", "json", "text", "parquet", "arrow") and its files."""
+def list_files(path: str | Path, field: str = "input") -> tuple[str, list]:
+    """The kind of input at `path` ("disk", "json", "text", "parquet", "arrow") and its files: local paths, or the
+    URLs of the objects under an fsspec URL (`storage.list_objects`)."""
+    if is_url(path):
+        return _one_kind(str(path), field, [name for name in list_objects(str(path), field) if file_kind(Path(name))])
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(
@@ -66,16 +73,20 @@ def list_files(path: str | Path, field: str = "input") -> tuple[str, list[Path]]
     if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists() or documents_folder(path):
         return "disk", [path]
     files = sorted(p for p in (path.rglob("*") if path.is_dir() else [path]) if file_kind(p) and p.is_file())
-    kinds = {file_kind(p) for p in files}
+    return _one_kind(str(path), field, files)
+
+
+def _one_kind(path: str, field: str, files: list) -> tuple[str, list]:
+    kinds = {file_kind(Path(p)) for p in files}
     if not kinds:
         raise ValueError(
-            f"No document could be read from {field}={str(path)!r}: it holds no file named *{', *'.join(FILE_SUFFIXES)} "
+            f"No document could be read from {field}={path!r}: it holds no file named *{', *'.join(FILE_SUFFIXES)} "
             f"(line files may end in {', '.join(COMPRESSIONS)}) and is no save_to_disk folder; pass such files or a "
             "folder of them."
         )
     if len(kinds) != 1:
         raise ValueError(
-            f"{field}={str(path)!r}: expected files of one kind among {sorted(set(FILE_SUFFIXES.values()))}, found "
+            f"{field}={path!r}: expected files of one kind among {sorted(set(FILE_SUFFIXES.values()))}, found "
             f"{sorted(kinds)}."
         )
     return kinds.pop(), files
@@ -93,28 +104,46 @@ def load_saved(path: str | Path) -> Dataset | DatasetDict:
     return DatasetDict(train=train, heldout=heldout) if heldout is not None and len(heldout) else train
 
 
-def _names(root: Path, files: list[Path]) -> list[str]:
-    """How ids name each file: its path relative to the input folder (its name for a single file)."""
+def _names(root: str | Path, files: list) -> list[str]:
+    """How ids name each file: its path relative to the input folder or URL (its name for a single file)."""
+    if is_url(root):
+        return [relative_name(str(root), name) for name in files]
+    root = Path(root)
     return [p.relative_to(root).as_posix() if root.is_dir() else p.name for p in files]
 
 
-def _rows_in(path: Path, kind: str) -> int:
-    if kind == "parquet":
-        return pq.ParquetFile(path).metadata.num_rows
-    with pa.memory_map(str(path)) as source:  # datasets' arrow builder reads both IPC formats
-        try:
-            return pa.ipc.open_stream(source).read_all().num_rows
+@contextlib.contextmanager
+def _source(path, kind: str):
+    """What pyarrow reads a typed file from: the object's stream (a URL), a memory map (a local Arrow file), or the
+    path (a local Parquet file)."""
+    if is_url(path):
+        with open_binary(path) as stream:
+            yield stream
+    elif kind == "arrow":
+        with pa.memory_map(str(path)) as source:
+            yield source
+    else:
+        yield path
+
+
+def _rows_in(path, kind: str) -> int:
+    with _source(path, kind) as source:
+        if kind == "parquet":
+            return pq.ParquetFile(source).metadata.num_rows
+        try:  # datasets' arrow builder reads both IPC formats
+            return sum(batch.num_rows for batch in pa.ipc.open_stream(source))
         except pa.ArrowInvalid:
             source.seek(0)
             return pa.ipc.open_file(source).count_rows()
 
 
-def _reads_whole(path: Path, kind: str) -> bool:
+def _reads_whole(path, kind: str) -> bool:
     """Whether every page of a typed file reads (after `datasets` failed on one of them)."""
     try:
         if kind == "parquet":
-            for _ in pq.ParquetFile(path).iter_batches():
-                pass
+            with _source(path, kind) as source:
+                for _ in pq.ParquetFile(source).iter_batches():
+                    pass
         else:
             _rows_in(path, kind)
     except (pa.ArrowException, OSError):
@@ -160,6 +189,19 @@ class TypedFiles:
 
     def described_broken(self) -> str:
         return ", ".join(self.broken)
+
+
+def _stream_rows(kind: str, files: list[str]):
+    yield from load_dataset(kind, data_files=files, split="train", streaming=True)
+
+
+def _streamed_to_arrow(kind: str, files: list[str]) -> Dataset:
+    """Typed objects read as a stream into `datasets`' Arrow cache, as a local file is loaded: `load_dataset` without
+    `streaming` would first download every object whole into its download cache."""
+    stream = load_dataset(kind, data_files=files, split="train", streaming=True)
+    key = hashlib.sha1(json.dumps([kind, [[f, *stat(f)] for f in files], VERSION]).encode()).hexdigest()[:16]
+    gen_kwargs = {"kind": kind, "files": files}
+    return Dataset.from_generator(_stream_rows, gen_kwargs=gen_kwargs, features=stream.features, fingerprint=key)
 
 
 def _described(files: list[str]) -> str:
@@ -216,7 +258,7 @@ class ReadFiles(Block):
         if not isinstance(data, (str, Path)):
             return self._mark_typed(data, rank, world_size, num_proc)
         kind, files = list_files(data)
-        root = Path(data)
+        root = data if is_url(data) else Path(data)
         if kind == "disk":
             loaded = load_saved(files[0])
             if not isinstance(loaded, Dataset):
@@ -243,8 +285,11 @@ class ReadFiles(Block):
                 "pass files that open (a cut copy: copy it again)."
             )
         load = functools.partial(load_dataset, kind, split="train", streaming=self.streaming)
+        files = [str(p) for p in typed.paths]
         try:
-            return load(data_files=[str(p) for p in typed.paths]), typed
+            if is_url(files[0]) and not self.streaming:
+                return _streamed_to_arrow(kind, files), typed
+            return load(data_files=files), typed
         except DatasetGenerationError:
             if self.streaming:
                 raise
@@ -266,7 +311,7 @@ class ReadFiles(Block):
         return kept
 
     def _mark_lines(self, files, names, rank, world_size, num_proc) -> Dataset | IterableDataset:
-        mine = [(str(p), n, p.stat().st_size, p.stat().st_mtime_ns) for p, n in zip(files, names)][rank::world_size]
+        mine = [(str(p), n, *stat(p)) for p, n in zip(files, names)][rank::world_size]
         if not mine:
             raise ValueError(
                 f"rank {rank} of {world_size} has no file to read: {len(files)} file(s) ({_described(names)}); "

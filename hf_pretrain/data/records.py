@@ -13,18 +13,21 @@ from __future__ import annotations
 import bisect
 import bz2
 import codecs
+import contextlib
 import functools
 import gzip
 import io
 import json
 import lzma
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 from datasets import Dataset, Features, Json, Value
 
 from .blocks import BYTES_IN, BYTES_OUT, DROP, FIRST, HELPER_COLUMNS, PLACEHOLDER
+from .storage import open_binary
 
 LINE_SUFFIXES = {".jsonl": "json", ".json": "json", ".txt": "text", ".md": "text"}
 TYPED_SUFFIXES = {".parquet": "parquet", ".arrow": "arrow"}
@@ -104,22 +107,29 @@ def file_kind(path: Path) -> str | None:
     return LINE_SUFFIXES.get(suffix) if compression else {**LINE_SUFFIXES, **TYPED_SUFFIXES}.get(suffix)
 
 
-def open_lines(path: str | Path) -> io.BufferedIOBase:
-    """The file's bytes, decompressed by its suffix (`COMPRESSIONS`)."""
+@contextlib.contextmanager
+def open_lines(path: str | Path) -> Iterator[io.BufferedIOBase]:
+    """The file's bytes, decompressed by its suffix (`COMPRESSIONS`); a local path or a URL (`storage.py`: streamed)."""
     name = str(path)
+    with open_binary(name) as raw, _decompressed(raw, name) as opened:
+        yield opened
+
+
+def _decompressed(raw: io.BufferedIOBase, name: str) -> io.BufferedIOBase:
+    """A reader of `raw`'s decompressed bytes by the suffix of `name` (`raw` itself when none)."""
     if name.endswith(".gz"):
-        return gzip.open(name, "rb")
+        return gzip.GzipFile(fileobj=raw, mode="rb")
     if name.endswith(".bz2"):
-        return bz2.open(name, "rb")
+        return bz2.BZ2File(raw, "rb")
     if name.endswith(".xz"):
-        return lzma.open(name, "rb")
+        return lzma.LZMAFile(raw, "rb")
     if name.endswith(".zst"):
         try:
             import zstandard
         except ImportError:
             raise ValueError(f"{name}: reading .zst files needs the zstandard package: pip install zstandard") from None
-        return io.BufferedReader(ZstdFrames(open(name, "rb"), zstandard.ZstdDecompressor()))  # noqa: SIM115
-    return open(name, "rb")
+        return io.BufferedReader(ZstdFrames(raw, zstandard.ZstdDecompressor()))
+    return raw
 
 
 class ZstdFrames(io.RawIOBase):
@@ -176,8 +186,9 @@ def stream_errors() -> tuple[type[BaseException], ...]:
     return (*errors, zstandard.ZstdError)
 
 
-def read_lines(files: list[tuple[str, str, int, int]], text_column: str, max_bytes: int):
-    """Rows of line-format `files`: (path, name in ids, size, mtime); size and mtime make the cache key change.
+def read_lines(files: list[tuple[str, str, int, int | str]], text_column: str, max_bytes: int):
+    """Rows of line-format `files`: (path or URL, name in ids, size, version: mtime or ETag, `storage.stat`); size and
+    version make the cache key change.
 
     A compressed file whose stream breaks (cut short, damaged) gives the lines before the break and one
     `corrupt_compression` row (`name:after N`): the rest of that file cannot be read, and is counted, not hidden."""
