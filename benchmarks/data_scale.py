@@ -1,5 +1,5 @@
 """The data chain on datatrove's executors at 1x, 4x and 16x a corpus: documents/s per core, peak memory per task,
-and the sharded dedup's recall and precision against the one-process `MinHashDedup`.
+and the sharded dedup's recall and precision against the same driver over the whole corpus as one shard.
 
 Corpus: `benchmarks/dedup.py`'s planted corpus (`--docs` documents x scale, 30 % planted copies edited to target
 Jaccard 1.0 ... 0.5), in 2 JSON Lines files per `--docs`; the tasks grow with the corpus (`--tasks` x scale), so a
@@ -9,9 +9,9 @@ every scale) -> pack; clean is off so that the rows are the planted corpus's (it
 Printed per executor and scale: wall seconds, documents per second per core (documents / the tasks' seconds summed
 over every stage: each task runs on one core), each stage's peak task RSS (sampled by the task itself, psutil) and
 that peak above the task's RSS when its block began (what the block added, torch and transformers not in it); as a
-control, what one process's `MinHashDedup` over the whole corpus adds at each scale (it should grow); then recall /
-precision of the planted pairs (`dedup.py`'s definitions) for `MinHashDedup` in one process and for the sharded
-stages at each scale. Slurm uses the cluster `sinfo` answers, else (as root) the one-node Slurm that the
+control, what the dedup driver over the whole corpus as one shard adds to one process at each scale (it should grow);
+then recall / precision of the planted pairs (`dedup.py`'s definitions) for that one shard and for the sharded stages
+at each scale. Slurm uses the cluster `sinfo` answers, else (as root) the one-node Slurm that the
 tests use too (benchmarks/engine_clusters.py); Ray starts a local one.
 
     python benchmarks/data_scale.py [--docs 4000] [--scales 1 4 16] [--tasks 2] [--executors local ray slurm]
@@ -93,15 +93,13 @@ def run(kind: str, texts: list[str], scale: int, args, root: Path) -> dict:
 
 
 def one_process_growth(texts: list[str]) -> float:
-    """The control: MB that `MinHashDedup` over the whole corpus adds to this process's resident memory."""
-    from datasets import Dataset
-
+    """The control: MB that the dedup driver over the whole corpus as one shard adds to this process's memory."""
+    from hf_pretrain.data.chain.dedup_shards import deduplicate
     from hf_pretrain.data.chain.stages import PeakMemory
-    from hf_pretrain.data.dedup import MinHashDedup
+    from hf_pretrain.data.dedup import DedupConfig
 
-    data = Dataset.from_dict({"text": texts})
-    with PeakMemory() as memory:
-        MinHashDedup(verbose=False).run(data)
+    with tempfile.TemporaryDirectory() as folder, PeakMemory() as memory:
+        deduplicate(texts, DedupConfig(), Path(folder))
     return (memory.peak - memory.start) / 2**20
 
 
@@ -147,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
         for (kind, scale), r in results.items():
             growth = "  ".join(f"{r['growth'][s]:>6.1f}" for s in stages)
             print(f"{kind:<8} {scale:>5} {r['docs']:>8,}  {growth}")
-        print("control, one process: MinHashDedup over the whole corpus adds (MB), smallest scale first:")
+        print("control, one process: the whole corpus as one dedup shard adds (MB), smallest scale first:")
         for scale in sorted(args.scales):  # ascending: memory freed after a smaller run is reused, not counted
             results[("one_process", scale)] = one_process_growth(corpora[scale][0])
             print(f"  scale {scale:>2} ({len(corpora[scale][0]):,} docs): {results[('one_process', scale)]:.1f}")
@@ -158,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
             texts, planted = corpora[scale]
             jaccard = ExactJaccard(texts, 5)
             one = evaluate(
-                ours(texts, argparse.Namespace(threshold=0.8, num_perm=128, shingle_size=5, seed=1), None)[0],
+                ours(texts, argparse.Namespace(threshold=0.8, num_perm=128, shingle_size=5, seed=1), 1)[0],
                 planted,
                 jaccard,
                 0.8,
@@ -167,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
             sharded = evaluate(sharded_roots(results[(kind, scale)]["out"] / "out"), planted, jaccard, 0.8)
             results[("quality", scale)] = {"one": one, "sharded": sharded}
             print(
-                f"  scale {scale:>2}: MinHashDedup recall {one['recall']:.3f} precision {one['precision']:.3f} | "
+                f"  scale {scale:>2}: one shard recall {one['recall']:.3f} precision {one['precision']:.3f} | "
                 f"sharded ({args.tasks * scale} shards, {kind}) recall {sharded['recall']:.3f} "
                 f"precision {sharded['precision']:.3f}"
             )

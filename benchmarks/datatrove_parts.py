@@ -8,14 +8,13 @@ installs ("Strings must be encoded before hashing"; datatrove's own extras pin x
 the str as UTF-8, as xxhash 3 did, and gives exact dedup a `content_getter` that returns bytes.
 
 - MinHash near-dedup on `benchmarks/dedup.py`'s planted corpus (copies edited to target Jaccard 1.0 ... 0.5):
-  `MinHashDedup` (the one-process block) and the sharded stages (`chain/dedup_shards.py`: what the chain runs),
-  each | `MinhashDedupSignature` -> `MinhashDedupBuckets` -> `MinhashDedupCluster`
+  the chain's one dedup driver (`chain/dedup_shards.py`, in one process over one shard) | `MinhashDedupSignature` -> `MinhashDedupBuckets` -> `MinhashDedupCluster`
   -> `MinhashDedupFilter` on datatrove's `LocalPipelineExecutor` (one worker; the buckets stage one task per band).
   The same 5-word shingles, seed and banding (14 bands x 9 rows: `lsh_params(0.8, 128)`). Cannot match: their
   shingles are spaCy word tokens of a simplified text (punctuation removed, digits to 0, accents stripped), ours
   whitespace words lower-cased; they link every candidate pair sharing a band (no check of the estimated Jaccard:
   ours verifies with all 128 permutations); their signatures are 64-bit hashes, ours 31-bit.
-- exact dedup on the same corpus: `ExactDedup` | `ExactDedupSignature` -> `ExactFindDedups` -> `ExactDedupFilter`
+- exact dedup on the same corpus: the same driver with `minhash` off | `ExactDedupSignature` -> `ExactFindDedups` -> `ExactDedupFilter`
   with our normalisation (lower-cased, whitespace collapsed) as its `content_getter`; their hash has 64 bits, ours
   128.
 - rule filters on the embedded corpus (`corpus.embedded_documents`, `--size` copies of it for speed; drops counted
@@ -127,7 +126,7 @@ READERS = {
     "read parquet": ".parquet",
 }
 FAULTS = ("cut .zst", "cut .gz", "truncated .parquet", "invalid UTF-8 lines")
-PAIRS = ("minhash dedup (block)", "minhash dedup (sharded)", "exact dedup", *FILTERS, *READERS)
+PAIRS = ("minhash dedup", "exact dedup", *FILTERS, *READERS)
 
 # -- one task in a process of its own --------------------------------------------------------------
 
@@ -343,42 +342,23 @@ def theirs_read(folder: Path, suffix: str) -> dict:
 # -- our side -----------------------------------------------------------------------------------------
 
 
-def ours_minhash_block(texts: list[str]) -> dict:
-    from datasets import Dataset
+def ours_minhash(texts: list[str], folder: Path) -> dict:
+    """The chain's dedup stages (`dedup_shards.deduplicate`) on one shard: signatures, buckets (one task), clusters."""
+    from hf_pretrain.data.chain.dedup_shards import deduplicate
+    from hf_pretrain.data.dedup import DedupConfig
 
-    from hf_pretrain.data.dedup import MinHashDedup
-
-    block = MinHashDedup(threshold=THRESHOLD, num_perm=NUM_PERM, shingle_size=SHINGLE, seed=SEED, verbose=False)
-    block.run(Dataset.from_dict({"text": texts}))
-    return {"groups": block.roots, "kept": block.codes == 0}
-
-
-def ours_minhash_sharded(texts: list[str], folder: Path) -> dict:
-    """The executor chain's dedup stages on one shard: signatures, buckets (one task), clusters."""
-    import pyarrow as pa
-
-    from hf_pretrain.data.chain import dedup_shards
-
-    settings = dedup_shards.DedupSettings(
-        {"threshold": THRESHOLD, "num_perm": NUM_PERM, "shingle_size": SHINGLE, "seed": SEED}
-    )
-    offsets = np.array([0, len(texts)], np.int64)
-    dedup_shards.write_signatures(folder / "documents", 0, pa.array(texts, pa.large_string()), settings)
-    pairs = dedup_shards.task_pairs(folder / "documents", 0, 1, settings, offsets)
-    dedup_shards.save_pairs(folder / "pairs.npy", pairs)
-    dedup_shards.cluster(folder / "documents", [folder / "pairs.npy"], offsets, settings, folder / "verdicts")
-    roots = dedup_shards.global_roots(folder / "verdicts", offsets)
-    return {"groups": roots, "kept": roots == np.arange(len(texts))}
+    config = DedupConfig(threshold=THRESHOLD, num_perm=NUM_PERM, shingle_size=SHINGLE, seed=SEED)
+    codes, roots, _ = deduplicate(texts, config, folder)
+    return {"groups": roots, "kept": codes == 0}
 
 
-def ours_exact(texts: list[str]) -> dict:
-    from datasets import Dataset
+def ours_exact(texts: list[str], folder: Path) -> dict:
+    """The same stages with `minhash` off: the exact band (the content hash of the normalised text) alone."""
+    from hf_pretrain.data.chain.dedup_shards import deduplicate
+    from hf_pretrain.data.dedup import DedupConfig
 
-    from hf_pretrain.data.dedup import ExactDedup
-
-    block = ExactDedup()
-    block.run(Dataset.from_dict({"text": texts}))
-    return {"kept": block.codes == 0}
+    codes, _, _ = deduplicate(texts, DedupConfig(minhash=False), folder)
+    return {"kept": codes == 0}
 
 
 def ours_filter(rules: dict, texts: list[str]) -> dict:
@@ -491,20 +471,22 @@ def dedup_quality(result: dict, planted, jaccard: ExactJaccard, far: np.ndarray)
 
 
 def run_dedup(tasks: Tasks, texts, planted, work: Path, logs: Path) -> dict:
-    from hf_pretrain.data.dedup import MinHashDedup
+    from hf_pretrain.data.dedup import DedupConfig
 
-    block = MinHashDedup(threshold=THRESHOLD, num_perm=NUM_PERM, shingle_size=SHINGLE, seed=SEED, verbose=False)
+    config = DedupConfig(threshold=THRESHOLD, num_perm=NUM_PERM, shingle_size=SHINGLE, seed=SEED)
     jaccard = ExactJaccard(texts, SHINGLE)
     far = dissimilar(len(texts), planted, jaccard, THRESHOLD - 0.1)
     log = logs / "dedup.log"
     print(f"[dedup] datatrove's 4 MinHash stages on {len(texts):,} documents ...", flush=True)
     theirs = dedup_quality(
-        tasks.run(log, theirs_minhash, texts, work / "theirs_minhash", block.bands, block.rows), planted, jaccard, far
+        tasks.run(log, theirs_minhash, texts, work / "theirs_minhash", config.bands, config.rows), planted, jaccard, far
     )
-    print("[dedup] ours: MinHashDedup, the sharded stages; exact dedup, both ...", flush=True)
-    block_run = dedup_quality(tasks.run(log, ours_minhash_block, texts), planted, jaccard, far)
-    sharded = dedup_quality(tasks.run(log, ours_minhash_sharded, texts, work / "ours_sharded"), planted, jaccard, far)
-    exact = {"ours": tasks.run(log, ours_exact, texts), "theirs": tasks.run(log, theirs_exact, texts, work / "exact")}
+    print("[dedup] ours: the sharded stages; exact dedup, both ...", flush=True)
+    ours = dedup_quality(tasks.run(log, ours_minhash, texts, work / "ours_minhash"), planted, jaccard, far)
+    exact = {
+        "ours": tasks.run(log, ours_exact, texts, work / "ours_exact"),
+        "theirs": tasks.run(log, theirs_exact, texts, work / "exact"),
+    }
     for side in exact.values():
         if "error" not in side:
             side["dropped"] = int((~side["value"]["kept"]).sum())
@@ -513,12 +495,11 @@ def run_dedup(tasks: Tasks, texts, planted, work: Path, logs: Path) -> dict:
     if ours_exact_kept is not None and theirs_exact_kept is not None:
         exact["agree"] = int((ours_exact_kept == theirs_exact_kept).sum())
     return {
-        "minhash dedup (block)": {"ours": block_run, "theirs": theirs},
-        "minhash dedup (sharded)": {"ours": sharded, "theirs": theirs},
+        "minhash dedup": {"ours": ours, "theirs": theirs},
         "exact dedup": exact,
         "far": int(far.sum()),
         "true_pairs": sum(jaccard(i, j) >= THRESHOLD for i, j, _ in planted),
-        "bands_rows": (block.bands, block.rows),
+        "bands_rows": (config.bands, config.rows),
     }
 
 
@@ -635,7 +616,7 @@ def print_dedup(results: dict, n: int) -> None:
         (f"dissimilar docs kept (of {results['far']:,})", "dissimilar_kept", ".4f", "dissimilar kept"),
         (f"docs dropped (of {n:,})", "dropped", ",.0f", None),
     )
-    for pair in ("minhash dedup (block)", "minhash dedup (sharded)"):
+    for pair in ("minhash dedup",):
         ours, theirs = results[pair]["ours"], results[pair]["theirs"]
         scores = {}
         for i, (label, key, fmt, judged) in enumerate(measures):
@@ -761,7 +742,7 @@ def missing_packages() -> list[str]:
 
 def warm_up(work: Path) -> None:
     """What both sides import, loaded once here so that no task pays an import: the libraries, and the modules they
-    load lazily (found by reading two documents of each format, and a `Clean` and an `ExactDedup` run on them). No
+    load lazily (found by reading two documents of each format, and a `Clean` and an exact dedup run on them). No
     object of theirs is kept: each task builds its own (spaCy's tokenizer included), and that is counted."""
     import datasets
     import datatrove.executor  # noqa: F401
@@ -784,7 +765,7 @@ def warm_up(work: Path) -> None:
         theirs_read(folder, READERS[pair])
     logger.enable("datatrove")
     ours_filter(FILTERS["fineweb quality"][1], texts)
-    ours_exact(texts)
+    ours_exact(texts, work / "warm-up" / "exact")
     shutil.rmtree(work / "warm-up")
 
 

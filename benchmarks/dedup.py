@@ -1,4 +1,4 @@
-"""Near-duplicate removal: hf_pretrain's MinHashDedup against datasketch's MinHash + MinHashLSH.
+"""Near-duplicate removal: hf_pretrain's dedup driver against datasketch's MinHash + MinHashLSH.
 
 Both run on the same corpus: `--docs` documents of words drawn with their frequencies in Python's
 own reference text (pydoc topics), a `--copy-fraction` of them planted copies of other documents
@@ -14,26 +14,28 @@ Jaccard of the shingle sets:
 - precision: of all pairs within the found clusters, the fraction with exact J >= threshold
   (strict), and with J >= threshold - 0.1 (margin).
 
-Timing: ours end to end (`MinHashDedup.run` on an in-memory `Dataset`: exact pass, signatures,
-LSH, verification, marking and filtering the rows); datasketch: a `MinHash` per document, then
+Timing: ours end to end (`dedup_shards.deduplicate` in this process over `--shards` shards: content
+hashes, signatures and band files written, candidate pairs, verification, clusters, each shard's
+verdicts); datasketch: a `MinHash` per document, then
 `MinHashLSH` insert and query of every document and the same union-find. With `--repeats`, the
 runs are interleaved and the fastest of each is kept (useful on a shared machine).
 
-    python benchmarks/dedup.py [--docs 10000] [--threshold 0.8] [--num-perm 128] [--num-proc 1 2] [--repeats 3]
+    python benchmarks/dedup.py [--docs 10000] [--threshold 0.8] [--num-perm 128] [--shards 1 4] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 
-import datasets
 import numpy as np
-from datasets import Dataset
 
-from hf_pretrain.data.dedup import MinHashDedup
+from hf_pretrain.data.chain.dedup_shards import deduplicate
+from hf_pretrain.data.dedup import DedupConfig
 from hf_pretrain.data.lsh import format_s_curve, s_curve_table, union_find_roots
 
 LEVELS = (1.0, 0.95, 0.9, 0.85, 0.7, 0.5)  # target Jaccard of planted copies to their source
@@ -159,14 +161,14 @@ def seconds() -> np.ndarray:
     return np.array([time.perf_counter(), time.process_time()])
 
 
-def ours(texts: list[str], args, num_proc: int | None) -> tuple[np.ndarray, np.ndarray, MinHashDedup]:
-    data = Dataset.from_dict({"text": texts})
-    block = MinHashDedup(
-        threshold=args.threshold, num_perm=args.num_perm, shingle_size=args.shingle_size, seed=args.seed, verbose=False
+def ours(texts: list[str], args, shards: int) -> tuple[np.ndarray, np.ndarray, DedupConfig, dict]:
+    config = DedupConfig(
+        threshold=args.threshold, num_perm=args.num_perm, shingle_size=args.shingle_size, seed=args.seed
     )
-    start = seconds()
-    block.run(data, num_proc=num_proc)
-    return block.roots, seconds() - start, block
+    with tempfile.TemporaryDirectory() as folder:
+        start = seconds()
+        _, roots, counters = deduplicate(texts, config, Path(folder), shards)
+        return roots, seconds() - start, config, counters
 
 
 def datasketch_signatures(texts: list[str], args):
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threshold", type=float, default=0.8)
     parser.add_argument("--num-perm", type=int, default=128)
     parser.add_argument("--shingle-size", type=int, default=5)
-    parser.add_argument("--num-proc", type=int, nargs="+", default=[1], help="worker processes for ours (1 = none)")
+    parser.add_argument("--shards", type=int, nargs="+", default=[1], help="shards of ours (one process; same result)")
     parser.add_argument("--repeats", type=int, default=1, help="interleaved runs of each; the fastest is reported")
     parser.add_argument("--random-pairs", type=int, default=2000, help="random pairs whose exact J is measured")
     parser.add_argument("--seed", type=int, default=1)
@@ -222,20 +224,14 @@ def main(argv: list[str] | None = None) -> dict:
         f"{random_j:.3f}; threshold {args.threshold}, num_perm {args.num_perm}, {args.shingle_size}-word shingles"
     )
     print(format_s_curve(s_curve_table(args.threshold, args.num_perm)))
-    progress = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
     runs, signing = {}, np.full(2, np.inf)
-    try:
-        for _ in range(args.repeats):  # interleaved; the fastest of each is kept (the machine may be shared)
-            for n in args.num_proc:
-                run = ours(texts, args, None if n <= 1 else n)
-                runs[n] = min(runs.get(n, run), run, key=lambda r: r[1][0])
-            start = seconds()
-            signatures = datasketch_signatures(texts, args)
-            signing = np.minimum(signing, seconds() - start)
-    finally:
-        if progress:
-            datasets.enable_progress_bars()
+    for _ in range(args.repeats):  # interleaved; the fastest of each is kept (the machine may be shared)
+        for n in args.shards:
+            run = ours(texts, args, n)
+            runs[n] = min(runs.get(n, run), run, key=lambda r: r[1][0])
+        start = seconds()
+        signatures = datasketch_signatures(texts, args)
+        signing = np.minimum(signing, seconds() - start)
     results, theirs = {}, None
     for key, weights in (("datasketch", (0.5, 0.5)), ("datasketch_recall_weights", (0.1, 0.9))):
         start = seconds()
@@ -246,26 +242,25 @@ def main(argv: list[str] | None = None) -> dict:
         print(report(name, took[0], len(texts), results[key]) + f"  | CPU {len(texts) / took[1]:,.0f} docs/s")
         if theirs is None:
             theirs, theirs_took = roots, took
-    for n, (roots, took, block) in runs.items():
+    for n, (roots, took, config, _) in runs.items():
         metrics = evaluate(roots, planted, jaccard, args.threshold)
         metrics.update(docs_per_s=len(texts) / took[0], ratio=theirs_took[0] / took[0])
-        line = report(f"ours {block.bands}x{block.rows} + verify, num_proc {n}", took[0], len(texts), metrics)
-        if n <= 1:  # worker processes' CPU time is not this process's
-            metrics["cpu_ratio"] = theirs_took[1] / took[1]
-            line += f"  | CPU {len(texts) / took[1]:,.0f} docs/s"
-        results[f"ours_num_proc_{n}"] = metrics
+        metrics["cpu_ratio"] = theirs_took[1] / took[1]
+        line = report(f"ours {config.bands}x{config.rows} + verify, {n} shard(s)", took[0], len(texts), metrics)
+        line += f"  | CPU {len(texts) / took[1]:,.0f} docs/s"
+        results[f"ours_shards_{n}"] = metrics
         print(line)
         print(
             f"  ratio ours/datasketch: {metrics['ratio']:.1f}x wall-clock"
             + (f", {metrics['cpu_ratio']:.1f}x CPU time" if "cpu_ratio" in metrics else "")
         )
-    roots, _, block = runs[args.num_proc[0]]
-    print(f"planted pairs by target J: exact J range, fraction found (ours, num_proc {args.num_proc[0]} | datasketch)")
+    roots, _, _, counters = runs[args.shards[0]]
+    print(f"planted pairs by target J: exact J range, fraction found (ours, {args.shards[0]} shard(s) | datasketch)")
     mine, other = by_level(roots, planted, jaccard), by_level(theirs, planted, jaccard)
     for level, (low, high, found) in mine.items():
         print(f"  J {level:<4}  exact {low:.3f}-{high:.3f}  found {found:.3f} | {other[level][2]:.3f}")
-    print(f"ours stats.extra: {block.stats.extra}")
-    results["ratio"] = results[f"ours_num_proc_{args.num_proc[0]}"]["ratio"]
+    print(f"ours counters: {counters}")
+    results["ratio"] = results[f"ours_shards_{args.shards[0]}"]["ratio"]
     results["random_pairs_max_jaccard"] = random_j
     return results
 

@@ -13,24 +13,21 @@ is compared with its `bucket_window` predecessors (all pairs in buckets up to th
 bounds the work on huge buckets while still chaining their members together.
 
 Clusters are the connected components of the linked pairs (union-find); each keeps its lowest row
-index, so the result depends neither on the order edges are found in nor on batch sizes. The main
-process holds 8 bytes per band per document of band keys and reads only the signatures of
-candidate pairs (a block of pairs at a time).
+index, so the result depends neither on the order edges are found in nor on batch sizes. The one
+driver that puts these together over sharded files is `chain/dedup_shards.py`.
 
 Why by hand: datasketch's `MinHashLSH` is a dict of Python lists.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
-import pyarrow as pa
 
 from .minhash import _mix64, _odd_constants
 
 SIMILARITIES = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
-_PAIRS_BLOCK = 1 << 16  # candidate pairs verified at a time
 
 # ---- LSH parameters ------------------------------------------------------------------------------
 
@@ -152,77 +149,3 @@ def union_find_roots(n: int, pairs: np.ndarray) -> np.ndarray:
             if np.array_equal(jumped, labels):
                 break
             labels = jumped
-
-
-class _Signatures:
-    """Signature rows from a numpy array or an Arrow fixed-size-list column, read by blocks or by index."""
-
-    def __init__(self, source: np.ndarray | pa.ChunkedArray):
-        self.source = source
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    @property
-    def width(self) -> int:
-        return self.source.shape[1] if isinstance(self.source, np.ndarray) else self.source.type.list_size
-
-    def blocks(self) -> Iterator[np.ndarray]:
-        if isinstance(self.source, np.ndarray):
-            yield self.source
-            return
-        for chunk in self.source.chunks:
-            yield self._to_numpy(chunk)
-
-    def take(self, indices: np.ndarray) -> np.ndarray:
-        if isinstance(self.source, np.ndarray):
-            return self.source[indices]
-        return self._to_numpy(self.source.take(pa.array(indices, pa.int64())).combine_chunks())
-
-    @staticmethod
-    def _to_numpy(chunk: pa.FixedSizeListArray) -> np.ndarray:
-        values = chunk.flatten().to_numpy(zero_copy_only=False)
-        return values.reshape(len(chunk), chunk.type.list_size)
-
-
-def _verified(sig: _Signatures, pairs: np.ndarray, threshold: float) -> np.ndarray:
-    """Which pairs of rows have an estimated Jaccard similarity >= threshold (signatures read a block at a time)."""
-    keep = [
-        estimated_jaccard(sig.take(block[:, 0]), sig.take(block[:, 1])) >= threshold
-        for block in np.array_split(pairs, max(1, -(-len(pairs) // _PAIRS_BLOCK)))
-    ]
-    return np.concatenate(keep) if len(pairs) else np.zeros(0, bool)
-
-
-def near_duplicate_roots(
-    signatures: np.ndarray | pa.ChunkedArray,
-    threshold: float = 0.8,
-    bands: int | None = None,
-    rows: int | None = None,
-    verify: bool = True,
-    bucket_window: int = 64,
-    subset: np.ndarray | None = None,
-) -> tuple[np.ndarray, dict]:
-    """Cluster the rows `subset` (default: all) of `signatures`; returns (root per member of subset, counters).
-
-    A root is the lowest row number (of `signatures`) in the member's cluster; counters: candidate_pairs,
-    verified_pairs (linked), clusters (with more than one member), near_duplicates (members that are not roots).
-    """
-    sig = _Signatures(signatures)
-    members = np.arange(len(sig)) if subset is None else np.asarray(subset, np.int64)
-    if np.any(members[1:] <= members[:-1]):
-        raise ValueError("subset must hold distinct row numbers in increasing order.")
-    if bands is None or rows is None:
-        bands, rows = lsh_params(threshold, sig.width)
-    keys = np.concatenate([band_keys(block, bands, rows) for block in sig.blocks()] or [np.zeros((0, bands))])
-    pairs = candidate_pairs(keys[members], bucket_window)  # positions in members
-    linked = pairs[_verified(sig, members[pairs], threshold)] if verify else pairs
-    local_roots = union_find_roots(len(members), linked)
-    sizes = np.bincount(local_roots, minlength=len(members))
-    counters = {
-        "candidate_pairs": int(len(pairs)),
-        "verified_pairs": int(len(linked)),
-        "clusters": int((sizes > 1).sum()),
-        "near_duplicates": int((local_roots != np.arange(len(members))).sum()),
-    }
-    return members[local_roots], counters

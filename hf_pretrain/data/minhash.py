@@ -10,7 +10,7 @@ prime with shifts and masks, and the minimum over each document's slice of rows.
 over permutations or shingles; per document, Python only hashes the text and takes that minimum.
 
 Content hashes (exact duplicates) are xxh3-128 of the normalised text (lower-cased, whitespace
-collapsed); `first_occurrences` maps each row to the first row with its hash.
+collapsed).
 
 Why by hand: datasketch's `MinHash` is built one document at a time in Python (SHA-1 per shingle,
 one numpy call set per document); `benchmarks/dedup.py` compares against it. The banding and
@@ -159,15 +159,3 @@ def _signatures_of_words(words: pa.ListArray, num_perm: int, shingle_size: int, 
     h, doc = shingle_hashes(word_hashes, offsets, shingle_size, seed)
     a, b = permutations(num_perm, seed)
     return _min_per_document(h, doc, len(words), a, b)
-
-
-def first_occurrences(hashes: np.ndarray) -> np.ndarray:
-    """For each row of [n, 2] content hashes, the index of the first row with the same hash."""
-    order = np.lexsort((hashes[:, 1], hashes[:, 0]))  # stable: equal hashes in index order
-    ordered = hashes[order]
-    new = np.ones(len(hashes), bool)  # the first row of each group of equal hashes
-    new[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
-    group_first = order[np.flatnonzero(new)][np.cumsum(new) - 1]
-    first = np.empty(len(hashes), np.int64)
-    first[order] = group_first
-    return first

@@ -38,7 +38,7 @@ class PipelineConfig:
     heldout_fraction: float = 0.01
     clean: dict | None = field(default_factory=dict)  # CleanConfig fields; {} = defaults
     perplexity: dict | None = None  # {"model_path": ..., "threshold": 1500, ...}
-    dedup: dict | None = field(default_factory=dict)  # {"exact": true, "threshold": 0.8, "num_perm": 128, ...}
+    dedup: dict | None = field(default_factory=dict)  # DedupConfig fields: {"exact": true, "threshold": 0.8, ...}
     tokenizer: dict | None = field(default_factory=lambda: {"vocab_size": 32768})  # or {"path": existing}
     pack: dict | None = field(default_factory=lambda: {"seq_len": 4096, "mode": "best_fit"})
     executor: dict | None = (
@@ -108,12 +108,9 @@ def _check_perplexity(values) -> None:
 
 
 def _check_dedup(values) -> None:
-    from .dedup import MinHashDedup
+    from .dedup import DedupConfig
 
-    options = dict(check_section("dedup", values, {"exact": bool, "minhash": bool, **settable_keys(MinHashDedup)}))
-    options.pop("exact", None)
-    if options.pop("minhash", True):
-        MinHashDedup(**{**options, "verbose": False})
+    DedupConfig(**check_section("dedup", values, settable_keys(DedupConfig)))
 
 
 def _check_tokenizer(values) -> None:

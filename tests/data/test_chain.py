@@ -1,6 +1,6 @@
 """The chain on datatrove's executors (`data/chain/`): local processes, a real Ray cluster and a real one-node Slurm
-give the documents, tokenizer and packed tokens of one task in this process; the sharded MinHash dedup keeps what
-`MinHashDedup` keeps; a killed task is rerun by a relaunch, a corrupt input file is counted and named, two launches
+give the documents, tokenizer and packed tokens of one task in this process; the sharded MinHash dedup keeps what a
+brute-force reference keeps, whatever the number of shards; a killed task is rerun by a relaunch, a corrupt input file is counted and named, two launches
 at once give the same output. The full matrix (every executor x every fault) is `exhaustive` (`make test-all`)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from benchmarks.engine_clusters import free_port, ray_head, slurm_cluster, slurm
 from hf_pretrain.cli import main
 from hf_pretrain.data import embedded_documents
 from hf_pretrain.data.chain import dedup_shards, run_pipeline
-from hf_pretrain.data.dedup import MinHashDedup
+from hf_pretrain.data.dedup import EXACT, NEAR, REASONS, DedupConfig
 from hf_pretrain.data.pipeline_config import PipelineConfig
 from hf_pretrain.data.prepared import load_packed
 
@@ -39,7 +39,7 @@ DEDUP_ON: dict = {}  # the dedup section's defaults
 SETTINGS = {"heldout_fraction": 0.05, "tokenizer": {"vocab_size": 512}, "pack": {"seq_len": 128, "mode": "best_fit"}}
 
 
-# ---- the sharded dedup against MinHashDedup (numpy only) -----------------------------------------------------------
+# ---- the sharded dedup against a brute-force reference (numpy only) --------------------------------------------------
 
 
 def near_copies(seed: int = 0) -> list[str]:
@@ -58,34 +58,51 @@ def near_copies(seed: int = 0) -> list[str]:
 
 
 def sharded_codes(texts: list[str], shards: int, section: dict, tmp: Path) -> tuple[np.ndarray, dict, np.ndarray]:
-    """The four stages run by hand over `shards` contiguous shards: each row's reason code and kept copy, counters."""
-    settings = dedup_shards.DedupSettings(section)
-    bounds = np.linspace(0, len(texts), shards + 1).astype(np.int64)
-    for shard in range(shards):
-        column = pa.chunked_array([pa.array(texts[bounds[shard] : bounds[shard + 1]], pa.large_string())])
-        dedup_shards.write_signatures(tmp, shard, column, settings)
-    tasks = min(shards, dedup_shards.bucket_units(settings, shards)[1])  # as `Plan.bucket_tasks`
-    for task in range(tasks):
-        found = dedup_shards.task_pairs(tmp, task, tasks, settings, bounds)
-        dedup_shards.save_pairs(tmp / "pairs" / f"{task:05d}.npy", found)
-    pairs = [tmp / "pairs" / f"{task:05d}.npy" for task in range(tasks)]
-    counters = dedup_shards.cluster(tmp, pairs, bounds, settings, tmp / "verdicts")
-    sizes = np.diff(bounds)
-    codes = np.concatenate([dedup_shards.shard_codes(tmp / "verdicts", s, sizes[s]) for s in range(shards)])
-    return codes, counters, dedup_shards.global_roots(tmp / "verdicts", bounds)
+    """The four stages over `shards` contiguous shards: each row's reason code, the counters, each row's kept copy."""
+    codes, roots, counters = dedup_shards.deduplicate(texts, DedupConfig(**section), tmp, shards)
+    return codes, counters, roots
+
+
+def reference_verdicts(texts: list[str], config: DedupConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The verdicts by brute force, without the sharded files, pair tasks or blocks: exact copies by their normalised
+    text; every pair of documents sharing a band key linked when its estimated Jaccard >= threshold; clusters by a
+    breadth-first search, each keeping its lowest index; a dropped document is an exact copy when an earlier one has
+    its text, else a near one."""
+    from hf_pretrain.data.lsh import band_keys, estimated_jaccard
+    from hf_pretrain.data.minhash import minhash_signatures
+
+    from .test_dedup import lowest_of_each_component
+
+    first, pairs, copy = {}, [], np.zeros(len(texts), bool)
+    for i, text in enumerate(" ".join(t.lower().split()) for t in texts):
+        if text in first:
+            pairs.append((first[text], i))
+            copy[i] = True
+        first.setdefault(text, i)
+    signatures = minhash_signatures(texts, config.num_perm, config.shingle_size, config.seed)
+    for band in band_keys(signatures, config.bands, config.rows).T:
+        buckets: dict[int, list[int]] = {}
+        for i, key in enumerate(band.tolist()):
+            buckets.setdefault(key, []).append(i)
+        for members in buckets.values():
+            pairs += [(a, b) for k, b in enumerate(members) for a in members[:k]]
+    pairs = np.array(pairs, np.int64).reshape(-1, 2)
+    linked = estimated_jaccard(signatures[pairs[:, 0]], signatures[pairs[:, 1]]) >= config.threshold  # copies: 1.0
+    roots = np.array(lowest_of_each_component(len(texts), pairs[linked]))
+    dropped = roots != np.arange(len(texts))
+    return np.where(dropped, np.where(copy, REASONS.index(EXACT), REASONS.index(NEAR)), 0), roots
 
 
 @pytest.mark.parametrize("shards", [1, 3, 40])  # 40 shards: 3 key ranges per band
-def test_sharded_dedup_drops_what_minhash_dedup_drops(tmp_path, shards):
+def test_sharded_dedup_drops_what_a_brute_force_reference_drops(tmp_path, shards):
     texts = near_copies()
-    block = MinHashDedup(verbose=False)
-    block.run(Dataset.from_dict({"text": texts}))
     codes, counters, roots = sharded_codes(texts, shards, {}, tmp_path)
-    assert block.stats.extra["exact_duplicates"] >= 40 and block.stats.extra["near_duplicates"] >= 40
-    np.testing.assert_array_equal(codes, block.codes)  # the same rows dropped, for the same reason
-    np.testing.assert_array_equal(roots, block.roots)  # each for the same kept copy
-    for key in ("exact_duplicates", "near_duplicates", "clusters", "bands", "rows"):
-        assert counters[key] == block.stats.extra[key], key
+    expected_codes, expected_roots = reference_verdicts(texts, DedupConfig())
+    assert counters["exact_duplicates"] >= 40 and counters["near_duplicates"] >= 40
+    np.testing.assert_array_equal(codes, expected_codes)  # the same rows dropped, for the same reason
+    np.testing.assert_array_equal(roots, expected_roots)  # each for the same kept copy
+    assert counters["exact_duplicates"] == int((expected_codes == REASONS.index(EXACT)).sum())
+    assert (counters["bands"], counters["rows"]) == (14, 9)
 
 
 def test_the_clusters_stage_in_small_blocks_gives_the_one_block_result(tmp_path, monkeypatch):

@@ -1,19 +1,20 @@
-"""Exact and MinHash-LSH near-duplicate removal (hf_pretrain.data.dedup) on planted duplicates."""
+"""Exact and MinHash-LSH near-duplicate removal on planted duplicates: the one driver (`chain/dedup_shards.py`) run
+in this process by `deduplicate`, its parts (`minhash.py`, `lsh.py`) and the dedup section (`DedupConfig`)."""
 
 import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
-from datasets import Dataset, IterableDataset
+from datasets import Dataset
 
-from hf_pretrain.data.dedup import EXACT, NEAR, REASONS, ExactDedup, MinHashDedup
+from hf_pretrain.data.chain.dedup_shards import deduplicate
+from hf_pretrain.data.dedup import EXACT, NEAR, REASONS, DedupConfig, ListedDuplicates
 from hf_pretrain.data.lsh import (
     candidate_pairs,
     candidate_probability,
     estimated_jaccard,
     lsh_params,
-    near_duplicate_roots,
     s_curve_table,
     union_find_roots,
 )
@@ -44,28 +45,25 @@ def words(rng, n, vocab=5000):
     return [f"w{i}" for i in rng.integers(0, vocab, n)]
 
 
-def test_exact_duplicates_go_first_and_the_first_occurrence_stays():
+def test_exact_duplicates_go_first_and_the_first_occurrence_stays(tmp_path):
     texts = ["the cat sat on the mat", "Another one", "THE  cat sat\non the mat ", "another one", "third"]
-    data = Dataset.from_dict({"text": texts, "id": list(range(5))})
-    block = ExactDedup()
-    kept = block.run(data)
+    codes, roots, counters = deduplicate(texts, DedupConfig(minhash=False), tmp_path / "exact")
+    assert [REASONS[c] for c in codes] == ["", "", EXACT, EXACT, ""] and counters["exact_duplicates"] == 2
+    assert roots.tolist() == [0, 1, 0, 1, 4]
+    block = ListedDuplicates("exact_dedup", codes)  # the block a chain task applies the verdicts with
+    kept = block.run(Dataset.from_dict({"text": texts, "id": list(range(5))}))
     assert kept["id"] == [0, 1, 4] and kept.column_names == ["text", "id"]
-    assert block.stats.dropped == {EXACT: 2} and block.stats.extra["exact_duplicates"] == 2
-    assert (block.stats.documents_in, block.stats.documents_out) == (5, 3)
-    assert block.roots.tolist() == [0, 1, 0, 1, 4]
-    strict = ExactDedup(normalise=False)
-    assert strict.run(data)["id"] == [0, 1, 2, 3, 4] and strict.stats.dropped == {}
+    assert block.stats.dropped == {EXACT: 2} and (block.stats.documents_in, block.stats.documents_out) == (5, 3)
 
     rng = np.random.default_rng(0)
     base = words(rng, 200)
     near = list(base)
     near[100] = "changed"
     docs = [" ".join(near), " ".join(base), " ".join(base).upper(), " ".join(words(rng, 200))]
-    minhash = MinHashDedup(verbose=False)
-    assert minhash.run(Dataset.from_dict({"text": docs}))["text"] == [docs[0], docs[3]]
-    assert minhash.stats.dropped == {EXACT: 1, NEAR: 1}  # the exact copy is not counted as a near duplicate
-    assert minhash.stats.extra["exact_duplicates"] == 1 and minhash.stats.extra["near_duplicates"] == 1
-    assert minhash.roots.tolist() == [0, 0, 0, 3]
+    codes, roots, counters = deduplicate(docs, DedupConfig(), tmp_path / "minhash")
+    assert [REASONS[c] for c in codes] == ["", NEAR, EXACT, ""]  # the exact copy is not counted as a near one
+    assert counters["exact_duplicates"] == 1 and counters["near_duplicates"] == 1
+    assert roots.tolist() == [0, 0, 0, 3]
 
 
 def test_signatures_are_min_of_a_h_plus_b_mod_p_over_word_shingles():
@@ -95,16 +93,15 @@ def test_estimated_jaccard_tracks_exact_jaccard(planted):
     assert abs(np.mean(estimate - exact)) < 0.01  # unbiased
 
 
-def test_planted_near_duplicates_found_with_high_recall_and_precision(bench, planted):
+def test_planted_near_duplicates_found_with_high_recall_and_precision(bench, planted, tmp_path):
     """Recall: planted pairs with exact J >= 0.8 put in one cluster; precision: pairs within found clusters with exact
     J >= 0.8 (strict, no margin). Planted targets are 1.0, 0.95, 0.9, 0.85 (exact J 0.81-1.0) and 0.7, 0.5 (exact
     J 0.48-0.78); pairs just above 0.8 are found only about half of the time (the estimate's noise is ~0.035 with
     128 permutations), so recall measured here depends on how many pairs sit near the threshold (few, as printed)."""
     texts, pairs, jaccard = planted
-    block = MinHashDedup()
-    kept = block.run(Dataset.from_dict({"text": texts}))
-    metrics = bench.evaluate(block.roots, pairs, jaccard, 0.8)
-    levels = bench.by_level(block.roots, pairs, jaccard)
+    codes, roots, extra = deduplicate(texts, DedupConfig(), tmp_path)
+    metrics = bench.evaluate(roots, pairs, jaccard, 0.8)
+    levels = bench.by_level(roots, pairs, jaccard)
     print(metrics, levels)
     assert metrics["true_pairs"] > 250
     assert metrics["recall"] >= 0.95 and metrics["precision"] >= 0.95
@@ -112,29 +109,15 @@ def test_planted_near_duplicates_found_with_high_recall_and_precision(bench, pla
     assert levels[0.5][2] == 0.0 and levels[0.7][2] <= 0.05  # well below the threshold: both kept
     rng = np.random.default_rng(0)
     assert max(jaccard(int(a), int(b)) for a, b in rng.integers(0, len(texts), (300, 2)) if a != b) < 0.05
-    extra = block.stats.extra
     assert (
-        len(kept)
+        int((codes == 0).sum())
         == len(texts) - extra["exact_duplicates"] - extra["near_duplicates"]
         == len(texts) - metrics["dropped"]
     )
     assert extra["candidate_pairs"] >= extra["verified_pairs"] >= extra["near_duplicates"] > 0
     assert (extra["bands"], extra["rows"], extra["num_perm"], extra["threshold"]) == (14, 9, 128, 0.8)
-    near = [i for i, code in enumerate(block.codes.tolist()) if REASONS[code] == NEAR]
-    assert extra["clusters"] == len({block.roots[i] for i in near}) and extra["near_duplicates"] == len(near)
-
-
-def test_same_result_with_worker_processes_and_across_ranks(planted):
-    texts = planted[0][:600]
-    data = Dataset.from_dict({"text": texts, "id": list(range(len(texts)))})
-    one, two = MinHashDedup(verbose=False), MinHashDedup(verbose=False)
-    two.batch_size = 64  # other batch boundaries too
-    kept_one, kept_two = one.run(data), two.run(data, num_proc=2)
-    assert kept_one["id"] == kept_two["id"] and (one.roots == two.roots).all()
-    assert one.stats.dropped == two.stats.dropped and one.stats.extra == two.stats.extra
-    assert one.stats.dropped.get(NEAR, 0) > 20
-    shards = [list(MinHashDedup(verbose=False).run(data, rank=r, world_size=2)["id"]) for r in range(2)]
-    assert shards[0] + shards[1] == list(kept_one["id"])  # global dedup: the union of the ranks' outputs
+    near = [i for i, code in enumerate(codes.tolist()) if REASONS[code] == NEAR]
+    assert extra["clusters"] == len({roots[i] for i in near}) and extra["near_duplicates"] == len(near)
 
 
 def lowest_of_each_component(n: int, pairs: np.ndarray) -> list[int]:
@@ -154,7 +137,7 @@ def lowest_of_each_component(n: int, pairs: np.ndarray) -> list[int]:
     return lowest
 
 
-def test_union_find_is_transitive_and_keeps_the_lowest_index():
+def test_union_find_is_transitive_and_keeps_the_lowest_index(tmp_path):
     pairs = np.array([(3, 4), (1, 2), (0, 1), (5, 6), (4, 6)])
     assert union_find_roots(8, pairs).tolist() == [0, 0, 0, 3, 3, 3, 3, 7]
     assert union_find_roots(8, pairs[::-1]).tolist() == [0, 0, 0, 3, 3, 3, 3, 7]
@@ -174,20 +157,14 @@ def test_union_find_is_transitive_and_keeps_the_lowest_index():
     signatures = minhash_signatures(texts)
     estimate = estimated_jaccard(signatures[[0, 1, 0]], signatures[[1, 2, 2]])
     assert estimate[0] >= 0.8 and estimate[1] >= 0.8 and estimate[2] < 0.8  # no direct A-C link
-    block = MinHashDedup(verbose=False)
-    assert block.run(Dataset.from_dict({"text": texts}))["text"] == [texts[0], texts[3]]
-    assert block.roots.tolist() == [0, 0, 0, 3] and block.stats.extra["clusters"] == 1
+    codes, roots, counters = deduplicate(texts, DedupConfig(), tmp_path)
+    assert codes.tolist() == [0, 2, 2, 0] and roots.tolist() == [0, 0, 0, 3] and counters["clusters"] == 1
 
 
 def test_bucket_members_pair_with_their_window_of_predecessors():
     keys = np.array([[5, 1], [5, 2], [7, 3], [5, 3], [5, 4]], np.uint64)
     assert candidate_pairs(keys).tolist() == [[0, 1], [0, 3], [0, 4], [1, 3], [1, 4], [2, 3], [3, 4]]
     assert candidate_pairs(keys, bucket_window=1).tolist() == [[0, 1], [1, 3], [2, 3], [3, 4]]
-    signatures = minhash_signatures(["a b c d e f g", "x y z", "a b c d e f g", "x y z"])
-    roots, counters = near_duplicate_roots(signatures, subset=[1, 2, 3])
-    assert roots.tolist() == [1, 2, 1] and counters["near_duplicates"] == 1
-    with pytest.raises(ValueError, match="increasing"):
-        near_duplicate_roots(signatures, subset=[2, 1])
 
 
 def test_lsh_params_and_s_curve():
@@ -208,20 +185,18 @@ def test_lsh_params_and_s_curve():
     with pytest.raises(ValueError, match="threshold"):
         lsh_params(1.5)
     with pytest.raises(ValueError, match="num_perm"):
-        MinHashDedup(num_perm=64, bands=10, rows=10)
+        DedupConfig(num_perm=64, bands=10, rows=10)
+    with pytest.raises(ValueError, match="give both or neither"):
+        DedupConfig(bands=10)
+    assert (DedupConfig().bands, DedupConfig().rows, DedupConfig(minhash=False).total_bands) == (14, 9, 1)
 
 
-def test_streaming_and_missing_column_are_refused_with_the_fix_and_empty_data_passes():
-    def gen():
-        yield {"text": "a b c"}
-
-    with pytest.raises(ValueError, match="streaming.*save_to_disk"):
-        MinHashDedup().run(IterableDataset.from_generator(gen))
-    with pytest.raises(ValueError, match="text_column='body'"):
-        ExactDedup(text_column="body").run(Dataset.from_dict({"text": ["x"]}))
-    empty = Dataset.from_dict({"text": []})
-    for block in (ExactDedup(), MinHashDedup(verbose=False)):
-        assert len(block.run(empty)) == 0 and block.stats.documents_out == 0
+def test_no_text_passes_and_verdicts_of_another_length_are_refused(tmp_path):
+    codes, roots, counters = deduplicate([], DedupConfig(), tmp_path)
+    assert len(codes) == len(roots) == 0 and counters["exact_duplicates"] == counters["near_duplicates"] == 0
+    with pytest.raises(ValueError, match="2 verdicts for 3 rows"):
+        ListedDuplicates("minhash_dedup", np.zeros(2, np.int8)).run(Dataset.from_dict({"text": ["a", "b", "c"]}))
+    assert len(ListedDuplicates("exact_dedup", np.zeros(0, np.int8)).run(Dataset.from_dict({"text": []}))) == 0
 
 
 def test_datasketch_comparison_runs_on_a_tiny_corpus(bench, capsys):
@@ -230,4 +205,4 @@ def test_datasketch_comparison_runs_on_a_tiny_corpus(bench, capsys):
     out = capsys.readouterr().out
     assert "ratio ours/datasketch" in out and "datasketch 9x13" in out
     assert results["ratio"] > 0 and 0 <= results["datasketch"]["recall"] <= 1
-    assert results["ours_num_proc_1"]["recall"] >= 0.9
+    assert results["ours_shards_1"]["recall"] >= 0.9

@@ -1,7 +1,7 @@
 """Global near-dedup in sharded stages: signatures -> buckets -> clusters -> verdicts, each task reading and writing files.
 
-The same result as `MinHashDedup` over the concatenation of the shards (shard 0's rows, then shard 1's, ...),
-without one process holding every document's band keys:
+The verdicts of the one dedup driver (`dedup.py`) over the concatenation of the shards (shard 0's rows, then shard
+1's, ...), whatever their number, without one process holding every document's band keys:
 
 1. signatures (one task per shard): each document's content hash (`minhash.content_hashes`, exact duplicates) and
    MinHash signature (`minhash.minhash_signatures`), written as `hashes/S.npy`, `signatures/S.npy` and one file per
@@ -17,7 +17,7 @@ without one process holding every document's band keys:
    hashes are equal (exact) or, with `verify`, when the signatures' estimated Jaccard is >= threshold (signatures
    read for `_PAIRS_BLOCK` pairs at a time), and merged into the clusters found so far (`Forest`: every linked
    document and the lowest global id of its cluster, `lsh.union_find_roots` over the old forest and the new links),
-   so the lowest global id of each cluster is kept, as `MinHashDedup` keeps the lowest row: `verdicts/S.npy` per
+   so the lowest global id of each cluster is kept: `verdicts/S.npy` per
    shard, (row, reason code, global id of the copy kept), and the counters;
 4. the shard's task drops its listed rows with their reasons (`stages.py`, through the dedup blocks' own marking).
 
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..dedup import EXACT, NEAR, REASONS
+from ..dedup import EXACT, NEAR, REASONS, DedupConfig
 from ..lsh import band_keys, candidate_pairs, estimated_jaccard, union_find_roots
 from ..minhash import content_hashes, minhash_signatures
 
@@ -70,33 +70,7 @@ def load_array(path: Path, mmap: bool = False) -> np.ndarray:
         ) from None
 
 
-class DedupSettings:
-    """The dedup section as the stages read it (exact / minhash switches, MinHash knobs, bands from the threshold)."""
-
-    def __init__(self, section: dict):
-        from ..dedup import MinHashDedup
-
-        options = dict(section)
-        self.exact = options.pop("exact", True)
-        self.minhash = options.pop("minhash", True)
-        block = MinHashDedup(**{**options, "verbose": False})
-        self.threshold, self.num_perm, self.shingle_size, self.seed = (
-            block.threshold,
-            block.num_perm,
-            block.shingle_size,
-            block.seed,
-        )
-        self.verify, self.bucket_window = block.verify, block.bucket_window
-        self.bands = block.bands if self.minhash else 0
-        self.rows = block.rows
-
-    @property
-    def total_bands(self) -> int:
-        """The MinHash bands and the exact band (the content hash), the last one."""
-        return self.bands + 1
-
-
-def write_signatures(folder: Path, shard: int, texts, settings: DedupSettings, batch_size: int = 10_000) -> int:
+def write_signatures(folder: Path, shard: int, texts, settings: DedupConfig, batch_size: int = 10_000) -> int:
     """Stage 1 for one shard: hashes, signatures and the sorted band files of `texts` (an Arrow column)."""
     hashes, signatures = [], []
     for start in range(0, len(texts), batch_size):
@@ -120,7 +94,7 @@ def write_signatures(folder: Path, shard: int, texts, settings: DedupSettings, b
     return len(hashes)
 
 
-def bucket_units(settings: DedupSettings, tasks: int) -> tuple[int, int]:
+def bucket_units(settings: DedupConfig, tasks: int) -> tuple[int, int]:
     """(key ranges per band, units = bands x ranges): about one unit per task, so a unit is about a shard's keys."""
     ranges = max(1, -(-tasks // settings.total_bands))
     return ranges, settings.total_bands * ranges
@@ -159,7 +133,7 @@ def distinct_pairs(pairs: np.ndarray) -> np.ndarray:
     return ordered[new]
 
 
-def task_pairs(folder: Path, task: int, tasks: int, settings: DedupSettings, offsets: np.ndarray) -> np.ndarray:
+def task_pairs(folder: Path, task: int, tasks: int, settings: DedupConfig, offsets: np.ndarray) -> np.ndarray:
     """Stage 2 for one task of `tasks`: the distinct candidate pairs of its units (`task`, `task + tasks`, ...)."""
     ranges, units = bucket_units(settings, len(offsets) - 1)
     bucket_window = settings.bucket_window
@@ -214,7 +188,7 @@ def pair_blocks(files: list[np.ndarray], documents: int, budget) -> Iterator[np.
         start = stop
 
 
-def link(pairs: np.ndarray, hashes: ShardArrays, signatures: ShardArrays | None, settings: DedupSettings):
+def link(pairs: np.ndarray, hashes: ShardArrays, signatures: ShardArrays | None, settings: DedupConfig):
     """(exact, linked) per pair: equal content hashes; linked: exact, or near (estimated Jaccard >= threshold, or
     every candidate without `verify`)."""
     exact = np.zeros(len(pairs), bool)
@@ -254,9 +228,7 @@ class Forest:
         self.roots = self.nodes[union_find_roots(len(self.nodes), np.searchsorted(self.nodes, edges))]
 
 
-def cluster(
-    folder: Path, pairs_files: list[Path], offsets: np.ndarray, settings: DedupSettings, verdicts: Path
-) -> dict:
+def cluster(folder: Path, pairs_files: list[Path], offsets: np.ndarray, settings: DedupConfig, verdicts: Path) -> dict:
     """Stage 3: link the candidate pairs (`folder` holds the signatures) block by block, cluster, write each shard's
     verdicts into `verdicts`; returns the counters."""
     files = [load_array(p, mmap=True) for p in pairs_files]
@@ -288,7 +260,7 @@ def cluster(
         "clusters": int((sizes > 1).sum()),
         "candidate_pairs": candidates,
         "verified_pairs": verified,
-        "bands": settings.bands,
+        "bands": settings.lsh_bands,
         "rows": settings.rows,
         "num_perm": settings.num_perm,
         "threshold": settings.threshold,
@@ -317,3 +289,25 @@ def write_json(path: Path, value) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(value, indent=2) + "\n")
     os.replace(tmp, path)
+
+
+def deduplicate(
+    texts: list[str], config: DedupConfig, folder: Path, shards: int = 1
+) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The four stages in this process over `texts` cut into `shards` contiguous shards, working in `folder`: each
+    text's reason code (an index into `dedup.REASONS`), the index of the copy kept of it (itself when kept), and the
+    counters. What the chain's tasks compute, for tests, benchmarks and a list of texts in a notebook."""
+    import pyarrow as pa
+
+    bounds = np.linspace(0, len(texts), shards + 1).astype(np.int64)
+    for shard in range(shards):
+        column = pa.chunked_array([pa.array(texts[bounds[shard] : bounds[shard + 1]], pa.large_string())])
+        write_signatures(folder, shard, column, config)
+    tasks = min(shards, bucket_units(config, shards)[1])  # as the chain's bucket tasks
+    for task in range(tasks):
+        save_pairs(folder / "pairs" / f"{task:05d}.npy", task_pairs(folder, task, tasks, config, bounds))
+    pairs = [folder / "pairs" / f"{task:05d}.npy" for task in range(tasks)]
+    counters = cluster(folder, pairs, bounds, config, folder / "verdicts")
+    sizes = np.diff(bounds)
+    codes = [shard_codes(folder / "verdicts", shard, int(sizes[shard])) for shard in range(shards)]
+    return np.concatenate(codes), global_roots(folder / "verdicts", bounds), counters

@@ -302,6 +302,8 @@ def run_pipeline(config: PipelineConfig, verbose: bool = True) -> list[BlockStat
     if verbose:
         print(summary_table(stats, reused_stages(out)))
         print(tasks_table(report, tasks, executor.kind))
+        if plan.dedup is not None and plan.dedup.minhash and plan.dedup.verbose:
+            print(f"minhash_dedup: {plan.dedup.s_curve()}")
         for b in stats:
             broken = ", ".join(b.extra.get("corrupt_files", []))
             if broken and b.dropped.get("corrupt_compression"):

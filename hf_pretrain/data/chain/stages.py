@@ -38,14 +38,14 @@ import pyarrow.compute as pc
 from datatrove.pipeline.base import PipelineStep
 
 from ..blocks import DROP, BlockStats, from_pretrained, shard_range
-from ..dedup import EXACT, REASONS, _GlobalDedup
+from ..dedup import DedupConfig, verdict_blocks
 from ..pipeline_config import PipelineConfig
 from ..prepared import tokenizer_folder
 from ..read import ReadFiles, list_files, load_saved
 from ..records import DOC_ID, RECORD
 from ..split import own_heldout
 from . import dedup_shards
-from .dedup_shards import DedupSettings, write_json
+from .dedup_shards import write_json
 
 DOCUMENTS, BUCKETS, CLUSTERS, TOKENIZER, PACK = "01-documents", "02-buckets", "03-clusters", "04-tokenizer", "05-pack"
 
@@ -72,11 +72,11 @@ class Plan:
         return own_heldout(loaded) if isinstance(loaded, DatasetDict) else None
 
     @property
-    def dedup(self) -> DedupSettings | None:
+    def dedup(self) -> DedupConfig | None:
         section = self.config.dedup
         if section is None or not (section.get("exact", True) or section.get("minhash", True)):
             return None
-        return DedupSettings(section)
+        return DedupConfig(**section)
 
     def bucket_units(self) -> tuple[int, int]:
         return dedup_shards.bucket_units(self.dedup, self.shards)
@@ -295,32 +295,6 @@ class Clusters(Stage):
         return [BlockStats("clusters", documents_in=int(offsets[-1]), extra=counters)], {"counters": counters}
 
 
-class ListedDuplicates(_GlobalDedup):
-    """A dedup block whose verdicts were decided by the clusters stage: marks the listed rows with their reasons."""
-
-    def __init__(self, name: str, codes: np.ndarray, text_column: str):
-        super().__init__(text_column)
-        self.name, self._listed = name, codes
-
-    def first_pass(self, data, num_proc) -> dict:
-        self.codes, self.roots = self._listed, np.arange(len(self._listed))
-        return {}
-
-
-def dedup_blocks(settings: DedupSettings, codes: np.ndarray, text_column: str) -> list[ListedDuplicates]:
-    """The blocks `Pipeline` would run (ExactDedup then MinHashDedup, or one of them) over the listed verdicts."""
-    exact = REASONS.index(EXACT)
-    if settings.exact and settings.minhash:
-        remaining = codes[codes != exact]  # the rows left after the exact block, in order
-        return [
-            ListedDuplicates("exact_dedup", np.where(codes == exact, codes, 0), text_column),
-            ListedDuplicates("minhash_dedup", remaining, text_column),
-        ]
-    if settings.exact:
-        return [ListedDuplicates("exact_dedup", codes, text_column)]
-    return [ListedDuplicates("minhash_dedup", codes, text_column)]  # MinHashDedup alone drops exact copies too
-
-
 def kept_splits(plan: Plan, rank: int) -> tuple[dict, list[BlockStats]]:
     """Shard `rank`'s documents with the clusters stage's verdicts applied by the dedup blocks, split into train and
     heldout (`split.py`; or the input's own held-out split, all of it in shard 0); and the blocks' stats."""
@@ -333,7 +307,7 @@ def kept_splits(plan: Plan, rank: int) -> tuple[dict, list[BlockStats]]:
     stats = []
     if plan.dedup is not None:
         codes = dedup_shards.shard_codes(plan.out / CLUSTERS / "verdicts", rank, len(data))
-        for block in dedup_blocks(plan.dedup, codes, c.text_column):
+        for block in verdict_blocks(plan.dedup, codes, c.text_column):
             data = block.run(data, num_proc=c.num_proc)
             stats.append(block.stats)
     if plan.own_heldout:
