@@ -44,7 +44,13 @@ def _run_step(args, heldout_fraction: float = 0.0, **sections) -> list[BlockStat
     """The chain with `sections` on and every other step off (held out: none, unless given)."""
     from .chain import run_pipeline
     from .pipeline_config import PipelineConfig
+    from .storage import is_url
 
+    if is_url(args.output):
+        raise ValueError(
+            f"--output {args.output!r}: a step command writes a local folder (the next step's --input); an output "
+            "URL is `hf-pretrain data prepare`'s output_dir."
+        )
     config = PipelineConfig(
         input=args.input,
         output_dir=args.output,

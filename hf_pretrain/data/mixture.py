@@ -161,15 +161,17 @@ def mixture_order(config: MixtureConfig, lengths: dict[str, np.ndarray]) -> tupl
 
 
 def load_source(path: str | Path, split: str):
-    """A source's packed rows: a `prepare` output folder's split (`load_packed`), or a `save_to_disk` folder."""
+    """A source's packed rows: a `prepare` output folder's (or output URL's) split (`load_packed`), or a
+    `save_to_disk` folder."""
     from datasets import load_from_disk
 
     from .prepared import load_packed
+    from .storage import is_url
 
-    path = Path(path)
-    if not path.exists():
+    path = path if is_url(path) else Path(path)
+    if not is_url(path) and not path.exists():
         raise FileNotFoundError(f"mixture source path {str(path)!r} does not exist; give a prepare output folder.")
-    if any(path.glob("*-pack")):
+    if is_url(path) or any(path.glob("*-pack")):
         packed = load_packed(path)
         if split not in packed:
             raise ValueError(f"mixture source {str(path)!r} has no packed {split!r} split ({sorted(packed)}).")

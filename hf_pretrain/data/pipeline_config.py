@@ -10,6 +10,9 @@ Types are checked in one place, `check_types`, against the annotations of `Pipel
 each section's block (a JSON file has no types of its own: `"0.05"` is a string), so a value of
 the wrong type is one line naming the field, the type expected and the value given, before a block
 compares it with anything.
+
+`output_dir` may be an fsspec URL (`s3://bucket/prefix`): the chain then works in `work_dir` and publishes its
+results to the URL (`chain/run.py`); `work_folder()` is where it works.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from .blocks import check_rank, from_pretrained
 from .split import check_fraction
+from .storage import cache_root, config_key, is_url
 
 
 @dataclass
@@ -44,6 +48,7 @@ class PipelineConfig:
     executor: dict | None = (
         None  # {"kind": "local" | "slurm" | "ray", "tasks": 64, ...}: data/chain/; None: the local executor
     )
+    work_dir: str | None = None  # with an output_dir URL: where the chain works (default: work_folder())
 
     def __post_init__(self):
         """Every field and section checked before any data is read: types, unknown keys, missing ones, values the
@@ -51,7 +56,7 @@ class PipelineConfig:
         check_types(
             "", {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, typing.get_type_hints(type(self))
         )
-        check_folder(self.output_dir, "output_dir")
+        check_output(self)
         check_rank(self.rank, self.world_size)
         if self.num_proc is not None and self.num_proc < 1:
             raise ValueError(f"num_proc={self.num_proc}: use a number of worker processes >= 1, or null.")
@@ -71,6 +76,13 @@ class PipelineConfig:
                 check(values)
             except (TypeError, ValueError) as err:  # a value a block refuses: name the section
                 raise ValueError(str(err) if str(err).startswith("section") else f"section {name!r}: {err}") from None
+
+    def work_folder(self) -> Path:
+        """Where the chain works: `output_dir` itself, or for a URL `work_dir`, by default
+        `cache_root()/chain/<hash of the URL>` (`storage.cache_root`: `$HF_PRETRAIN_CACHE` or ~/.cache/hf_pretrain)."""
+        if not is_url(self.output_dir):
+            return Path(self.output_dir)
+        return Path(self.work_dir) if self.work_dir else cache_root() / "chain" / config_key(self.output_dir)
 
     @classmethod
     def from_file(cls, path: str | Path) -> PipelineConfig:
@@ -213,6 +225,29 @@ def check_types(where: str, values: dict, hints: dict) -> None:
                 fix = f': write "{name}": {json.dumps(unquoted)}, without quotes.'
         given = _GIVEN.get(type(value), f"a {type(value).__name__}")
         raise ValueError(f"{where}{name}={value!r} is {given}; expected {_described(hint)}{fix}")
+
+
+def check_output(config: PipelineConfig) -> None:
+    """A local `output_dir` is a folder (no `work_dir`); a URL's `work_dir` is a local folder, given when tasks may
+    run on other machines (Slurm, Ray), whose work must meet in one shared folder."""
+    if not is_url(config.output_dir):
+        if config.work_dir is not None:
+            raise ValueError(
+                f"work_dir={config.work_dir!r} is for an output_dir URL (s3://...); a local output_dir "
+                f"({config.output_dir!r}) is where the chain works: remove work_dir."
+            )
+        return check_folder(config.output_dir, "output_dir")
+    if config.work_dir is None:
+        kind = (config.executor or {}).get("kind", "local")
+        if kind != "local":
+            raise ValueError(
+                f"work_dir: executor {kind!r} with output_dir={config.output_dir!r} needs work_dir, a folder on a "
+                "filesystem every node shares (its tasks meet there before publishing to the URL)."
+            )
+        return None
+    if is_url(config.work_dir):
+        raise ValueError(f"work_dir={config.work_dir!r} is a URL: pass a local (or shared-filesystem) folder.")
+    return check_folder(config.work_dir, "work_dir")
 
 
 def check_folder(path: str, field: str) -> None:

@@ -3,20 +3,23 @@
 The chain (`chain/`) writes `OUTPUT/NN-stage/` folders and, last, each stage's `stats.json`; a stage folder
 without it is not complete. `load_packed` / `packed_path` / `tokenizer_path` find the last complete pack and
 tokenizer stage, so training, the precision trial and a mixture read a prepare's output without knowing its
-stages. Also here, because both the chain and its readers need them: the key of a stage's settings
-(`config_key`), the signature of the files a stage read (`files_signature`) and the summary table.
+stages. Also here, because both the chain and its readers need them: the signature of the files a stage read
+(`files_signature`) and the summary table.
+
+An output at an fsspec URL (`s3://...`, published by the chain) reads the same way: the steps are found by
+listing the URL, and a packed split or the tokenizer is downloaded once into a local cache
+(`storage.download`): training memory-maps local Arrow files and `AutoTokenizer` loads a local folder. That is a
+copy of the packed tokens (and of the tokenizer), not of the corpus.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 from datasets import Dataset, concatenate_datasets, load_from_disk
 
 from .blocks import BlockStats
-from .storage import is_url, signature
+from .storage import download, exists, glob, is_url, join, signature
 
 SUMMARY_EXTRAS = (
     "bytes_per_token",
@@ -28,11 +31,6 @@ SUMMARY_EXTRAS = (
     "vocab_size",
     "skipped",
 )
-
-
-def config_key(*parts) -> str:
-    """A short hash of `parts` (JSON, keys sorted): the identity of a stage's settings."""
-    return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def files_signature(path: str | Path) -> list:
@@ -67,26 +65,37 @@ def summary_table(stats: list[BlockStats], reused: list[str] = ()) -> str:
     return "\n".join(lines)
 
 
-def _last_step(output_dir: str | Path, name: str) -> Path:
-    folder = next(iter(sorted(Path(output_dir).glob(f"*-{name}"))), None)
-    if folder is None or not (folder / "stats.json").exists():
+def _last_step(output_dir: str | Path, name: str) -> Path | str:
+    """The folder (or URL) of the first `NN-name` step, when it is complete (its stats.json written last)."""
+    if is_url(output_dir):
+        folder = next(iter(glob(str(output_dir), f"*-{name}")), None)
+        complete = folder is not None and exists(join(folder, "stats.json"))
+    else:
+        folder = next(iter(sorted(Path(output_dir).glob(f"*-{name}"))), None)
+        complete = folder is not None and (folder / "stats.json").exists()
+    if not complete:
         raise FileNotFoundError(f"{output_dir} has no complete {name} step; run `hf-pretrain data prepare` first.")
     return folder
 
 
-def packed_path(output_dir: str | Path, split: str = "train") -> Path:
-    """The folder of the packed `split` a `prepare` wrote: a folder of shards, one per task (`load_split` reads it)."""
-    return _last_step(output_dir, "pack") / split
+def packed_path(output_dir: str | Path, split: str = "train") -> Path | str:
+    """The folder (or URL) of the packed `split` a `prepare` wrote: a folder of shards, one per task (`load_split`
+    reads it)."""
+    return join(_last_step(output_dir, "pack"), split)
 
 
 def load_packed(output_dir: str | Path) -> dict[str, Dataset]:
-    """The packed train / heldout datasets a `prepare` wrote (heldout absent when it was too small to pack)."""
+    """The packed train / heldout datasets a `prepare` wrote (heldout absent when it was too small to pack); at a URL,
+    read from their local copy (module docstring)."""
     folder = _last_step(output_dir, "pack")
-    return {split: load_split(folder / split) for split in ("train", "heldout") if (folder / split).exists()}
+    on = exists if is_url(folder) else lambda path: Path(path).exists()
+    return {split: load_split(join(folder, split)) for split in ("train", "heldout") if on(join(folder, split))}
 
 
-def load_split(folder: Path) -> Dataset:
-    """A packed split: one `save_to_disk` folder, or one per shard read as one dataset in shard order."""
+def load_split(folder: Path | str) -> Dataset:
+    """A packed split: one `save_to_disk` folder, or one per shard read as one dataset in shard order; a URL's
+    local copy (`storage.download`)."""
+    folder = download(folder) if is_url(folder) else Path(folder)
     shards = sorted(p for p in folder.iterdir() if (p / "state.json").exists())
     if (folder / "state.json").exists() or not shards:
         return load_from_disk(str(folder))
@@ -105,11 +114,15 @@ def documents_folder(path: str | Path) -> Path | None:
 def tokenizer_folder(path: str | Path) -> str | Path:
     """The tokenizer at `path`: a `prepare` output folder's (`tokenizer_path`), or `path` itself (a folder that
     save_pretrained wrote, or a name on the Hub)."""
+    if is_url(path):
+        return tokenizer_path(path)
     if any(Path(path).glob("*-tokenizer/stats.json")):
         return tokenizer_path(path)
     return path
 
 
 def tokenizer_path(output_dir: str | Path) -> Path:
-    """The folder of the tokenizer a `prepare` wrote (`AutoTokenizer.from_pretrained` loads it)."""
-    return _last_step(output_dir, "tokenizer") / "tokenizer"
+    """The folder of the tokenizer a `prepare` wrote (`AutoTokenizer.from_pretrained` loads it); at a URL, its local
+    copy."""
+    folder = join(_last_step(output_dir, "tokenizer"), "tokenizer")
+    return download(folder) if is_url(folder) else folder

@@ -1,4 +1,4 @@
-"""Input in object storage: an fsspec URL (`s3://bucket/prefix`, `gs://...`, `hf://...`, `file://...`) listed,
+"""Data in object storage: the chain's input and output at an fsspec URL (`s3://bucket/prefix`, `gs://...`, `hf://...`, `file://...`) listed,
 opened and signed like a local folder, streamed (no copy of the corpus on the launching machine).
 
 `is_url` tells a URL from a local path; `list_objects` lists the objects under it (or the one object it names)
@@ -17,11 +17,23 @@ Why not datatrove's `DataFolder` (`get_datafolder`): it is fsspec's `DirFileSyst
 used here, rooted at the prefix. The reader needs what it leaves out: each object's info from the one listing
 (`DataFolder.list_files` keeps the names only), a URL that names one object (a `DirFileSystem` rooted at a file
 names it ""), and full URLs as plain strings, which `datasets`' worker processes reopen and its cache keys hash.
+
+Output (`chain/run.py` says why the chain works in a local folder and publishes): `check_output` is the one line
+for an output URL that cannot be listed (a wrong bucket, refused credentials) before any work; `publish` uploads a
+local folder's files under a URL with the same relative names (what was there first removed), `publish_text` a
+small file only when its bytes changed (so a relaunch rewrites nothing it did not change), `remove` drops a prefix.
+`download` is the way back: a URL's objects copied once into `cache_root()/downloads/KEY`, KEY a hash of the
+objects' names, sizes and versions (a republished shard is a new copy), because training memory-maps local Arrow
+files and `AutoTokenizer` loads a local folder.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
+import os
+import shutil
 from pathlib import Path
 from typing import BinaryIO
 
@@ -29,12 +41,13 @@ BUFFER = 1 << 20  # bytes read from the object at once: fsspec's own readline re
 VERSION_FIELDS = ("ETag", "etag", "md5Hash", "blob_id", "generation", "mtime", "LastModified", "updated")
 DISK_MARKS = ("dataset_info.json", "dataset_dict.json")
 FIXES = {
-    "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) to keys that may read it, and "
+    "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) to keys that may {verb} it, and "
     "AWS_ENDPOINT_URL for a non-AWS endpoint",
-    "gs": "set GOOGLE_APPLICATION_CREDENTIALS to a key file that may read it",
-    "gcs": "set GOOGLE_APPLICATION_CREDENTIALS to a key file that may read it",
-    "hf": "set HF_TOKEN to a token that may read it",
+    "gs": "set GOOGLE_APPLICATION_CREDENTIALS to a key file that may {verb} it",
+    "gcs": "set GOOGLE_APPLICATION_CREDENTIALS to a key file that may {verb} it",
+    "hf": "set HF_TOKEN to a token that may {verb} it",
 }
+COMPLETE = ".complete"  # written last into a download's folder: a copy without it is redone
 
 
 def is_url(path: str | Path) -> bool:
@@ -57,7 +70,8 @@ def _filesystem(url: str, field: str):
 def _refused(field: str, url: str, err: Exception) -> ValueError:
     """The one line for a listing that failed: what the storage said and the fix."""
     protocol = url.split("://", 1)[0]
-    credentials = FIXES.get(protocol, "give the credentials its fsspec backend reads from the environment")
+    fix = FIXES.get(protocol, "give the credentials its fsspec backend reads from the environment")
+    credentials = fix.format(verb="write" if field == "output_dir" else "read")
     said = f"{type(err).__name__}: {err}"
     if isinstance(err, FileNotFoundError):
         what = "no such bucket" if "bucket" in str(err).lower() else "not found"
@@ -118,3 +132,93 @@ def open_binary(path: str | Path) -> BinaryIO:
         return open(path, "rb")  # noqa: SIM115 - the caller closes it
     fs, root = _filesystem(str(path), "input")
     return io.BufferedReader(fs.open(root, "rb"), buffer_size=BUFFER)
+
+
+def cache_root() -> Path:
+    """Where the chain's default work folders and the downloads of URLs go: `$HF_PRETRAIN_CACHE`, else
+    `~/.cache/hf_pretrain`."""
+    return Path(os.environ.get("HF_PRETRAIN_CACHE") or Path.home() / ".cache" / "hf_pretrain")
+
+
+def config_key(*parts) -> str:
+    """A short hash of `parts` (JSON, keys sorted): the identity of a stage's settings, or of a cached copy."""
+    return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def join(base: str | Path, *parts: str) -> str | Path:
+    """`base/parts...`: a local path, or a URL with `/` between the parts."""
+    return "/".join([str(base).rstrip("/"), *parts]) if is_url(base) else Path(base).joinpath(*parts)
+
+
+def check_output(url: str, field: str = "output_dir") -> None:
+    """One line, before any work, when the output URL cannot be listed (a wrong bucket, refused credentials)."""
+    fs, root = _filesystem(url, field)
+    try:
+        fs.find(root)  # one flat listing; with a maxdepth, fsspec's walk would swallow a missing bucket
+    except Exception as err:  # noqa: BLE001 - every backend raises its own: named in the line
+        raise _refused(field, url, err) from None
+
+
+def exists(url: str) -> bool:
+    fs, root = _filesystem(url, "output_dir")
+    return fs.exists(root)
+
+
+def remove(url: str) -> None:
+    """Every object under `url` (or the one it names) removed; nothing there is no error."""
+    fs, root = _filesystem(url, "output_dir")
+    if fs.exists(root):
+        fs.rm(root, recursive=True)
+    fs.invalidate_cache()
+
+
+def publish(local: Path, url: str) -> None:
+    """`local`'s files uploaded under `url`, each at its path below `local`; what was under `url` removed first (an
+    interrupted upload's objects). File by file, so no backend's rule for copying into an existing prefix applies."""
+    remove(url)
+    fs, root = _filesystem(url, "output_dir")
+    files = sorted(p for p in local.rglob("*") if p.is_file())
+    fs.put([str(p) for p in files], [f"{root}/{p.relative_to(local).as_posix()}" for p in files])
+
+
+def publish_text(url: str, text: str) -> bool:
+    """`text` written to the object `url` unless it holds those bytes already; whether it was written."""
+    fs, root = _filesystem(url, "output_dir")
+    if fs.exists(root) and fs.cat_file(root) == text.encode():
+        return False
+    fs.pipe_file(root, text.encode())
+    return True
+
+
+def glob(url: str, pattern: str) -> list[str]:
+    """The full URLs of the objects or prefixes directly under `url` whose names match `pattern`, in order."""
+    fs, root = _filesystem(url, "output_dir")
+    fs.invalidate_cache()  # another process (a task) may have written there since this one listed
+    return sorted(fs.unstrip_protocol(p) for p in fs.glob(f"{root.rstrip('/')}/{pattern}"))
+
+
+def download(url: str) -> Path:
+    """A local copy of the objects under `url` (same relative names), made once per version of them: the folder
+    `cache_root()/downloads/KEY` (module docstring)."""
+    fs, root = _filesystem(url, "input")
+    fs.invalidate_cache()
+    found = {p: info for p, info in sorted(fs.find(root, detail=True).items()) if info.get("type") != "directory"}
+    if not found:
+        raise FileNotFoundError(f"{url!r}: nothing is stored under this URL; run `hf-pretrain data prepare` first.")
+    key = config_key(url, [[p, int(info["size"]), version(info)] for p, info in found.items()])
+    local = cache_root() / "downloads" / key
+    if (local / COMPLETE).exists():
+        return local
+    tmp = local.with_name(f"{key}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    names = [p[len(root.rstrip("/")) + 1 :] for p in found]
+    for name in names:
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+    fs.get(list(found), [str(tmp / name) for name in names])
+    (tmp / COMPLETE).write_text(url)
+    shutil.rmtree(local, ignore_errors=True)  # an interrupted copy (no COMPLETE)
+    try:
+        tmp.rename(local)
+    except OSError:  # another process made the same copy first
+        shutil.rmtree(tmp)
+    return local

@@ -1,8 +1,10 @@
-"""The chain's input in object storage: a real S3-compatible server (moto's server mode) on the loopback, read with
-s3fs as a user's run reads S3, gives the counts and tokens of the same files read locally; a wrong bucket, a missing
-prefix and refused or missing credentials are one line before any work."""
+"""The chain's input and output in object storage: a real S3-compatible server (moto's server mode) on the loopback,
+read and written with s3fs as a user's run uses S3, gives the counts and tokens of the same files read and written
+locally, and training reads the published shards; a wrong bucket, a missing prefix and refused or missing
+credentials are one line before any work."""
 
 import json
+import shutil
 import urllib.request
 
 import pyarrow as pa
@@ -15,7 +17,7 @@ from hf_pretrain.data.prepared import files_signature, load_packed
 from hf_pretrain.data.read import ReadFiles
 from tests.data.test_pipeline import STAGES, dirty_corpus, error_line
 
-BUCKET = "corpus"
+BUCKET, OUT = "corpus", "prepared"
 READ_ALL = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
 KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
@@ -49,6 +51,7 @@ def s3_server(tmp_path_factory):
     key = iam.create_access_key(UserName="reader")["AccessKey"]
     s3 = boto3.client("s3", **setup)
     s3.create_bucket(Bucket=BUCKET)
+    s3.create_bucket(Bucket=OUT)
     local = tmp_path_factory.mktemp("corpus")
     dirty_corpus(local / "raw")
     typed_corpus(local / "typed")
@@ -73,15 +76,16 @@ def s3_env(s3_server, monkeypatch, tmp_path):
     for name in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
         monkeypatch.setenv(name, str(tmp_path / "no-aws-config"))
     monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("HF_PRETRAIN_CACHE", str(tmp_path / "cache"))  # work folders and downloads: this test's
     s3fs.S3FileSystem.clear_instance_cache()  # a client made with other keys is not reused
     yield s3_server
     s3fs.S3FileSystem.clear_instance_cache()
 
 
-def prepare(tmp_path, name: str, source: str) -> str:
+def prepare(tmp_path, name: str, source: str, output: str | None = None) -> str:
     config = {
         "input": source,
-        "output_dir": str(tmp_path / name),
+        "output_dir": output or str(tmp_path / name),
         "heldout_fraction": 0.05,
         "tokenizer": {"vocab_size": 512},
         "pack": {"seq_len": 128, "mode": "best_fit"},
@@ -91,8 +95,11 @@ def prepare(tmp_path, name: str, source: str) -> str:
 
 
 def counters(output_dir) -> list[dict]:
-    """Every block's counters, drop reasons and notes, without its seconds."""
-    stats = json.loads((output_dir / "stats.json").read_text())
+    """Every block's counters, drop reasons and notes, without its seconds (a local folder or a URL)."""
+    import fsspec
+
+    with fsspec.open(f"{output_dir}/stats.json", "rt") as file:
+        stats = json.load(file)
     return [{k: v for k, v in s.items() if k != "seconds"} for s in stats]
 
 
@@ -161,3 +168,151 @@ def test_a_bad_url_or_credentials_are_one_line_before_any_work(
         assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in line and "AWS_ENDPOINT_URL" in line
     assert main(["data", "clean", "--input", url, "--output", str(tmp_path / "clean")]) == 2  # the step commands
     assert error_line(capsys) == line
+
+
+def objects(url: str) -> dict[str, tuple]:
+    """Each object under `url` (its path below it) with its ETag and modification time."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem()
+    fs.invalidate_cache()
+    root = url.removeprefix("s3://")
+    return {p[len(root) + 1 :]: (i["ETag"], i["LastModified"]) for p, i in fs.find(root, detail=True).items()}
+
+
+@pytest.fixture
+def uploads(monkeypatch) -> list[str]:
+    """The keys s3fs uploads from here on (its put and pipe, which still run)."""
+    import s3fs
+
+    made = []
+    for name in ("_put_file", "_pipe_file"):
+        original = getattr(s3fs.S3FileSystem, name)
+
+        async def spy(self, *args, _original=original, _name=name, **kwargs):
+            made.append(args[1] if _name == "_put_file" else args[0])
+            return await _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(s3fs.S3FileSystem, name, spy)
+    return made
+
+
+def test_prepare_into_s3_gives_the_local_runs_counts_and_a_relaunch_publishes_nothing_new(
+    s3_env, tmp_path, capsys, uploads
+):
+    """s3:// input and output: the local run's counters and packed tokens read back from the URL; the bucket holds
+    what a reader needs at the local layout, none of the chain's coordination; a relaunch reuses every stage and
+    uploads only tasks.json (its ran/reused columns)."""
+    from transformers import AutoTokenizer
+
+    from hf_pretrain.data.prepared import tokenizer_path
+
+    url = f"s3://{OUT}/{tmp_path.name}"
+    assert main(["data", "prepare", prepare(tmp_path, "local", str(s3_env["local"] / "raw"))]) == 0
+    capsys.readouterr()
+    assert main(["data", "prepare", prepare(tmp_path, "s3", f"s3://{BUCKET}/raw", url)]) == 0
+    printed = capsys.readouterr().out
+    work = tmp_path / "cache" / "chain"
+    assert f"working in {work}/" in printed and f"publishing to {url} as each task ends" in printed
+    assert counters(url) == counters(tmp_path / "local")
+    s3, local = load_packed(url), load_packed(tmp_path / "local")
+    for split in ("train", "heldout"):
+        assert s3[split]["input_ids"] == local[split]["input_ids"] and len(s3[split]) > 0
+    text = embedded_documents()[0]
+    assert AutoTokenizer.from_pretrained(str(tokenizer_path(url)))(text) == AutoTokenizer.from_pretrained(
+        str(tokenizer_path(tmp_path / "local"))
+    )(text)
+    published = objects(url)
+    tops = {name.split("/")[0] for name in published}
+    assert tops == {"04-tokenizer", "05-pack", "stats.json", "tasks.json"}  # no documents, buckets, clusters, locks
+    assert {name.rsplit("/", 2)[0] for name in published if name.startswith("05-pack/")} >= {
+        "05-pack/train",
+        "05-pack/heldout",
+        "05-pack/documents/train",
+    }
+    assert not [name for name in published if name.endswith(("stage.json", ".tmp")) or "/tasks/" in name]
+    assert "04-tokenizer/stats.json" in published and "05-pack/stats.json" in published
+    uploads.clear()
+    assert main(["data", "prepare", str(tmp_path / "s3.json")]) == 0
+    assert f"reused: {', '.join(STAGES)})" in capsys.readouterr().out
+    assert [key.rsplit("/", 1)[-1] for key in uploads] == ["tasks.json"]
+    after = objects(url)
+    assert {k: v for k, v in after.items() if k != "tasks.json"} == {
+        k: v for k, v in published.items() if k != "tasks.json"
+    }
+
+
+def test_training_reads_the_packed_shards_from_s3(s3_env, tmp_path):
+    """A short PretrainTrainer run on `load_packed(url)["train"]` gives the losses of the same run on the local
+    output; a mixture source at the URL reads the same rows."""
+    from hf_pretrain.data.mixture import load_source
+    from tests.data.test_chain import special_tokens, train_six_steps
+
+    url = f"s3://{OUT}/{tmp_path.name}"
+    assert main(["data", "prepare", prepare(tmp_path, "local", str(s3_env["local"] / "raw"))]) == 0
+    assert main(["data", "prepare", prepare(tmp_path, "s3", str(s3_env["local"] / "raw"), url)]) == 0
+    assert "05-pack/stats.json" in objects(url)
+    shutil.rmtree(tmp_path / "cache")  # the work folder: what follows reads the bucket
+    tokens = special_tokens(tmp_path / "local")
+    assert special_tokens(url) == tokens
+    from_url = train_six_steps(lambda: load_packed(url)["train"], tokens, tmp_path / "url")
+    assert len(from_url) == 6
+    assert from_url == train_six_steps(lambda: load_packed(tmp_path / "local")["train"], tokens, tmp_path / "here")
+    assert load_source(url, "train")["input_ids"] == load_packed(tmp_path / "local")["train"]["input_ids"]
+
+
+def test_a_stage_the_url_lost_or_a_changed_one_is_published_again(s3_env, tmp_path, capsys):
+    """The URL's 05-pack/stats.json deleted: a relaunch redoes the pack stage and publishes it; a new pack section
+    replaces the published shards (the stage's old objects removed first)."""
+    import s3fs
+
+    url = f"s3://{OUT}/{tmp_path.name}"
+    config = prepare(tmp_path, "s3", str(s3_env["local"] / "raw"), url)
+    assert main(["data", "prepare", config]) == 0
+    before = load_packed(url)["train"]["input_ids"]
+    s3fs.S3FileSystem().rm(f"{OUT}/{tmp_path.name}/05-pack/stats.json")
+    capsys.readouterr()
+    assert main(["data", "prepare", config]) == 0
+    assert "reused: 01-documents, 02-buckets, 03-clusters, 04-tokenizer)" in capsys.readouterr().out
+    assert load_packed(url)["train"]["input_ids"] == before
+    values = json.loads((tmp_path / "s3.json").read_text())
+    (tmp_path / "s3.json").write_text(json.dumps({**values, "pack": {"seq_len": 64, "mode": "best_fit"}}))
+    assert main(["data", "prepare", config]) == 0
+    assert max(len(row) for row in load_packed(url)["train"]["input_ids"]) == 64
+
+
+@pytest.mark.parametrize(
+    "url, env, expected",
+    [
+        ("s3://nope/out", {}, "error: output_dir='s3://nope/out': no such bucket (FileNotFoundError: The specified"),
+        (f"s3://{OUT}/out", {"AWS_SECRET_ACCESS_KEY": "wrong"}, f"error: output_dir='s3://{OUT}/out': access refused"),
+    ],
+    ids=["no-bucket", "wrong-secret"],
+)
+def test_a_bad_output_url_or_credentials_are_one_line_before_any_work(
+    s3_env, monkeypatch, tmp_path, capsys, url, env, expected
+):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["data", "prepare", prepare(tmp_path, "out", str(s3_env["local"] / "raw"), url)]) == 2
+    line = error_line(capsys)
+    assert line.startswith(expected), line
+    assert not (tmp_path / "cache").exists()  # no work folder made
+    if "refused" in expected:
+        assert "keys that may write it" in line
+
+
+@pytest.mark.parametrize(
+    "fields, expected",
+    [
+        ({"output_dir": "s3://b/out", "executor": {"kind": "ray"}}, "work_dir: executor 'ray' with output_dir="),
+        ({"output_dir": "out", "work_dir": "work"}, "work_dir='work' is for an output_dir URL"),
+        ({"output_dir": "s3://b/out", "work_dir": "s3://b/work"}, "work_dir='s3://b/work' is a URL"),
+    ],
+    ids=["shared-work-dir-needed", "local-output", "url-work-dir"],
+)
+def test_work_dir_is_checked_with_the_config(fields, expected):
+    from hf_pretrain.data.pipeline_config import PipelineConfig
+
+    with pytest.raises(ValueError, match="^" + expected.replace("(", r"\(")):
+        PipelineConfig(input="raw", **fields)

@@ -25,6 +25,22 @@ when the whole input yields nothing (`check_something_read`).
 
 Why datatrove: its three executors run one pipeline unchanged, mark completed tasks so that a relaunch reruns
 only the others, and keep a log per task (FineWeb was built with it).
+
+Output at an fsspec URL (`output_dir: "s3://bucket/prefix"`): object stores have no rename, no `flock` and no
+cheap listing, and the chain's coordination needs them (stage keys, task locks, datatrove's completion marks,
+temporary names renamed into place, the dedup intermediates: band files, pairs, verdicts, the documents between
+stages). So the chain works in a local folder, `work_dir` (default: `cache_root()/chain/<hash of the URL>`; on
+Slurm or Ray it must be given, on a filesystem every node shares), exactly as it works in a local output_dir,
+and publishes to the URL only what a reader needs, at the same relative paths: the tokenizer
+(`04-tokenizer/tokenizer/`, by its task), each shard's documents and packed splits (`05-pack/documents/...`,
+`05-pack/{train,heldout}/SHARD/`, by the pack task that made them, before its completion mark), then, when every
+task is done, `tasks.json`, each published stage's `stats.json` and the top `stats.json` last (a JSON only when
+its bytes changed: a relaunch that reuses everything uploads only `tasks.json`, whose ran/reused columns are the
+relaunch's). A stage's `stats.json` at the URL is its completion mark there, as in a local folder, so
+`load_packed(url)` never reads a half-published stage. A stage removed from the work folder (its key changed, or
+the folder was lost) is removed from the URL too, and one whose `stats.json` the URL lost is redone. Writing
+straight to the URL would need a second coordination protocol on the store (conditional writes, listing for
+marks); working locally keeps one, at the price of the work folder's disk (the intermediates a local run keeps).
 """
 
 from __future__ import annotations
@@ -40,7 +56,8 @@ from pathlib import Path
 from ..blocks import BlockStats
 from ..executor_config import ExecutorConfig
 from ..pipeline_config import PipelineConfig
-from ..prepared import config_key, files_signature, summary_table, tokenizer_folder
+from ..prepared import files_signature, summary_table, tokenizer_folder
+from ..storage import check_output, config_key, exists, is_url, join, publish_text, remove
 from .dedup_shards import write_json
 
 CONSTANT = {"mode", "seq_len", "bands", "rows", "num_perm", "threshold", "heldout_fraction", "vocab_size"}
@@ -105,8 +122,9 @@ def stage_keys(plan, steps: list[tuple]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def claimed(out: Path, keys: dict[str, str]):
-    """The folder for this run while it lasts: stages of other keys (and every later one) removed first.
+def claimed(out: Path, keys: dict[str, str], url: str | None = None):
+    """The folder for this run while it lasts: stages of other keys (and every later one) removed first, from the
+    output URL too (if any); a stage whose stats.json the URL lost counts as changed.
 
     Two locks: `locks/engine.lock`, held while the keys are checked and written, and `locks/run.lock`, shared by
     every launch while it runs. Removing stages needs `run.lock` alone: a launch that would remove a stage while
@@ -117,6 +135,8 @@ def claimed(out: Path, keys: dict[str, str]):
     with open(out / "locks" / "run.lock", "a") as run:
         with task_lock(out / "locks" / "engine.lock"):
             found = {folder: stage_key(out / folder) for folder in keys}
+            if url is not None:
+                found.update({folder: "" for folder in keys if unpublished(out, url, folder)})
             changed = [folder for folder, key in keys.items() if found[folder] not in (key, None)]
             stale = list(keys)[list(keys).index(changed[0]) :] if changed else []
             if stale:
@@ -132,11 +152,26 @@ def claimed(out: Path, keys: dict[str, str]):
                     for path in (out / folder, out / "logs" / folder):
                         if path.exists():
                             shutil.rmtree(path)
+                    if url is not None:
+                        remove(str(join(url, folder)))
+                        remove(str(join(url, "stats.json")))  # the top counters describe what was removed
             fcntl.flock(run, fcntl.LOCK_SH)  # exclusive -> shared (engine.lock held): launches of this config join
             for folder, key in keys.items():
                 (out / folder).mkdir(parents=True, exist_ok=True)
                 write_json(out / folder / "stage.json", key)
         yield
+
+
+def unpublished(out: Path, url: str, folder: str) -> bool:
+    """Whether the work folder holds a complete published stage (its stats.json) that the URL lost."""
+    return (out / folder / "stats.json").exists() and not exists(str(join(url, folder, "stats.json")))
+
+
+def publish_results(out: Path, url: str, folders: list[str]) -> list[str]:
+    """The run's JSONs published (module docstring): tasks.json, each stage's stats.json, the top stats.json last;
+    the names of those whose bytes changed."""
+    names = ["tasks.json", *(f"{folder}/stats.json" for folder in folders), "stats.json"]
+    return [name for name in names if publish_text(str(join(url, name)), (out / name).read_text())]
 
 
 def stage_key(folder: Path) -> str | None:
@@ -251,6 +286,7 @@ def task_config(config: PipelineConfig, executor: ExecutorConfig) -> PipelineCon
             )
     in_task = copy.copy(config)
     in_task.num_proc = None
+    in_task.work_dir = str(config.work_folder()) if is_url(config.output_dir) else None  # resolved once, here
     return in_task
 
 
@@ -279,13 +315,17 @@ def run_pipeline(config: PipelineConfig, verbose: bool = True) -> list[BlockStat
             f"rank={config.rank}, world_size={config.world_size}: the chain shards the data itself (executor "
             "tasks); leave rank 0 and world_size 1 and set tasks in the executor section."
         )
+    if is_url(config.output_dir):
+        check_output(config.output_dir)
     shards = count_shards(config, executor.tasks)
     plan = s.Plan(task_config(config, executor), shards, executor.tokenizer_sample_documents)
     out = plan.out
     out.mkdir(parents=True, exist_ok=True)
+    if verbose and plan.url:
+        print(f"working in {out} (work_dir); publishing to {plan.url} as each task ends", flush=True)
     steps = chain(plan, executor)
     after = lambda stage: check_something_read(plan) if stage.folder == s.DOCUMENTS else None  # noqa: E731
-    with claimed(out, stage_keys(plan, steps)):
+    with claimed(out, stage_keys(plan, steps), plan.url):
         report = runner_for(executor, out / "logs").run(steps, after)
         if report is None:  # Slurm jobs submitted, not waited for
             return []
@@ -299,6 +339,10 @@ def run_pipeline(config: PipelineConfig, verbose: bool = True) -> list[BlockStat
                 mine = [b for b in stats if b.block.split()[0] == name]
                 write_json(out / folder / "stats.json", [b.to_dict() for b in mine])
         write_json(out / "stats.json", [b.to_dict() for b in stats])
+        published = [folder for folder in (s.TOKENIZER, s.PACK) if (out / folder / "stats.json").exists()]
+        changed = publish_results(out, plan.url, published) if plan.url else []
+    if verbose and plan.url:
+        print(f"published {plan.url} ({', '.join(published)}; JSONs changed: {', '.join(changed) or 'none'})")
     if verbose:
         print(summary_table(stats, reused_stages(out)))
         print(tasks_table(report, tasks, executor.kind))

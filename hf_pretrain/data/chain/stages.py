@@ -19,6 +19,11 @@ The blocks' counters and drop reasons are ours (`BlockStats` of every block, per
 (`stat_update`). A task holds a lock (`locks/`, `fcntl.flock`) while it works, so two launches at once never
 write the same files (the second waits, then finds the task done); every output is written to a temporary
 name and renamed into place, so a killed task leaves nothing a relaunch would take for complete.
+
+With an output_dir URL (`run.py`), the folder is the work folder, and the tasks that make what a reader needs
+publish it (`Plan.publish`) before their completion mark: the tokenizer task its tokenizer, each pack task its
+shard's documents and packed splits. A task killed while it uploads has no mark: a relaunch runs it, and its
+upload, again.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from ..prepared import tokenizer_folder
 from ..read import ReadFiles, list_files, load_saved
 from ..records import DOC_ID, RECORD
 from ..split import own_heldout
+from ..storage import is_url, join, publish
 from . import dedup_shards
 from .dedup_shards import write_json
 
@@ -60,7 +66,18 @@ class Plan:
 
     @property
     def out(self) -> Path:
-        return Path(self.config.output_dir)
+        """The folder the tasks work in (`PipelineConfig.work_folder`)."""
+        return self.config.work_folder()
+
+    @property
+    def url(self) -> str | None:
+        """Where the results are published: the output_dir URL; None for a local output_dir."""
+        return self.config.output_dir if is_url(self.config.output_dir) else None
+
+    def publish(self, local: Path) -> None:
+        """`local`, a folder in the work folder, uploaded to the same place under the output URL (if any)."""
+        if self.url is not None:
+            publish(local, str(join(self.url, local.relative_to(self.out).as_posix())))
 
     @functools.cached_property
     def own_heldout(self) -> str | None:
@@ -385,6 +402,7 @@ class Tokenizer(Stage):
         stats = make_tokenizer(sample, heldout, c.tokenizer, tmp, c.text_column)
         replace_folder(tmp / "tokenizer", fresh(out / "tokenizer"))
         shutil.rmtree(tmp)
+        plan.publish(out / "tokenizer")
         stats[0].extra["sample_documents"] = len(sample)
         return stats, {}
 
@@ -405,6 +423,7 @@ class Pack(Stage):
             tmp = fresh(out / "documents" / name / f".{rank:05d}.tmp")
             save(part, tmp)
             replace_folder(tmp, out / "documents" / name / f"{rank:05d}")
+            self.plan.publish(out / "documents" / name / f"{rank:05d}")
         if c.tokenizer is None or c.pack is None:
             return stats, {}
         tokenizer = AutoTokenizer.from_pretrained(str(self.plan.out / TOKENIZER / "tokenizer"))
@@ -415,4 +434,5 @@ class Pack(Stage):
         for name in splits:
             if temporary(name).exists():
                 replace_folder(temporary(name), out / name / f"{rank:05d}")
+                self.plan.publish(out / name / f"{rank:05d}")
         return stats, {}
