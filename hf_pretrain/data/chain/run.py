@@ -147,14 +147,14 @@ def claimed(out: Path, keys: dict[str, str], url: str | None = None):
                         f"output_dir={str(out)!r}: another launch with another config, input or number of tasks is "
                         "running in it; wait for it to end, or pass a new output_dir."
                     ) from None
-            for folder in keys:  # a changed stage, or completion marks left without their stage's folder
-                if folder in stale or found[folder] is None:
-                    for path in (out / folder, out / "logs" / folder):
-                        if path.exists():
-                            shutil.rmtree(path)
-                    if url is not None:
-                        remove(str(join(url, folder)))
-                        remove(str(join(url, "stats.json")))  # the top counters describe what was removed
+            redo = [folder for folder in keys if folder in stale or found[folder] is None]
+            for folder in redo:  # a changed stage, or completion marks left without their stage's folder
+                for path in (out / folder, out / "logs" / folder):
+                    if path.exists():
+                        shutil.rmtree(path)
+            if url is not None and redo:  # the top counters describe what is removed
+                for name in ["stats.json", *redo]:
+                    remove(str(join(url, name)))
             fcntl.flock(run, fcntl.LOCK_SH)  # exclusive -> shared (engine.lock held): launches of this config join
             for folder, key in keys.items():
                 (out / folder).mkdir(parents=True, exist_ok=True)
