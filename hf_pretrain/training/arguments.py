@@ -439,9 +439,11 @@ def mixture_tokenizer(config: MixtureConfig, tokenizer_name_or_path: str | None 
     source is a `prepare` folder); sources tokenized differently are refused, since their ids would not agree."""
     found = {}
     for name, source in config.sources.items():
-        if any(Path(source["path"]).glob("*-tokenizer")):
+        try:  # a prepare output folder, local or at a URL (its tokenizer downloaded once)
             folder = tokenizer_path(source["path"])
-            found[name] = (folder, (folder / "tokenizer.json").read_bytes())
+        except FileNotFoundError:
+            continue  # a save_to_disk source: no tokenizer of its own
+        found[name] = (folder, (folder / "tokenizer.json").read_bytes())
     if len({vocab for _, vocab in found.values()}) > 1:
         raise ValueError(
             f"--mixture: the sources {sorted(found)} were tokenized by different tokenizers; prepare every source with "

@@ -6,6 +6,7 @@ credentials are one line before any work."""
 import json
 import shutil
 import urllib.request
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,7 +14,7 @@ import pytest
 
 from hf_pretrain.cli import main
 from hf_pretrain.data import embedded_documents
-from hf_pretrain.data.prepared import files_signature, load_packed
+from hf_pretrain.data.prepared import files_signature, load_packed, tokenizer_path
 from hf_pretrain.data.read import ReadFiles
 from tests.data.test_pipeline import STAGES, dirty_corpus, error_line
 
@@ -205,8 +206,6 @@ def test_prepare_into_s3_gives_the_local_runs_counts_and_a_relaunch_publishes_no
     uploads only tasks.json (its ran/reused columns)."""
     from transformers import AutoTokenizer
 
-    from hf_pretrain.data.prepared import tokenizer_path
-
     url = f"s3://{OUT}/{tmp_path.name}"
     assert main(["data", "prepare", prepare(tmp_path, "local", str(s3_env["local"] / "raw"))]) == 0
     capsys.readouterr()
@@ -259,6 +258,12 @@ def test_training_reads_the_packed_shards_from_s3(s3_env, tmp_path):
     assert len(from_url) == 6
     assert from_url == train_six_steps(lambda: load_packed(tmp_path / "local")["train"], tokens, tmp_path / "here")
     assert load_source(url, "train")["input_ids"] == load_packed(tmp_path / "local")["train"]["input_ids"]
+    from hf_pretrain.data.mixture import MixtureConfig
+    from hf_pretrain.training.arguments import mixture_tokenizer
+
+    mixture = MixtureConfig(sources={"web": {"path": url, "weight": 1.0}})  # --mixture finds the URL's tokenizer
+    found = Path(mixture_tokenizer(mixture)) / "tokenizer.json"
+    assert found.read_bytes() == (tokenizer_path(tmp_path / "local") / "tokenizer.json").read_bytes()
 
 
 def test_a_stage_the_url_lost_or_a_changed_one_is_published_again(s3_env, tmp_path, capsys):
