@@ -140,6 +140,41 @@ def test_sharded_exact_dedup_alone(tmp_path):
     np.testing.assert_array_equal(codes, expected)
 
 
+def test_planted_duplicates_through_the_local_executor_with_two_tasks(tmp_path):
+    """The planted-duplicate corpus (benchmarks/dedup.py) in 2 files, 2 tasks: recall of the planted pairs of exact
+    Jaccard >= 0.8 and the share of dissimilar documents kept (in no planted pair of J >= 0.7) both >= 0.95."""
+    from .test_dedup import load_benchmark
+
+    bench = load_benchmark()
+    texts, planted = bench.planted_corpus(800, seed=5)
+    (tmp_path / "raw").mkdir()
+    for part, rows in enumerate((texts[:400], texts[400:])):
+        lines = "".join(json.dumps({"text": t}) + "\n" for t in rows)
+        (tmp_path / "raw" / f"part-{part}.jsonl").write_text(lines)
+    out = tmp_path / "out"
+    config = PipelineConfig(
+        input=str(tmp_path / "raw"),
+        output_dir=str(out),
+        heldout_fraction=0.0,
+        clean=None,
+        dedup={"verbose": False},
+        tokenizer=None,
+        pack=None,
+        executor={"kind": "local", "tasks": 2, "workers": 1},
+    )
+    run_pipeline(config, verbose=False)
+    rows = [json.loads(p.read_text())["rows"] for p in sorted((out / "01-documents" / "tasks").glob("*.json"))]
+    assert rows == [400, 400]
+    roots = dedup_shards.global_roots(out / "03-clusters" / "verdicts", np.array([0, 400, 800]))
+    jaccard = bench.ExactJaccard(texts, 5)
+    close = {k for i, j, _ in planted if jaccard(i, j) >= 0.7 for k in (i, j)}
+    far = np.array([i not in close for i in range(len(texts))])
+    recall = bench.evaluate(roots, planted, jaccard, 0.8)["recall"]
+    print(f"recall {recall:.3f}, dissimilar kept {(roots == np.arange(len(texts)))[far].mean():.3f} of {far.sum()}")
+    assert recall >= 0.95
+    assert far.sum() > 300 and (roots == np.arange(len(texts)))[far].mean() >= 0.95
+
+
 # ---- the chain on the executors --------------------------------------------------------------------------------------
 
 
