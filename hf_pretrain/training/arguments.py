@@ -33,6 +33,8 @@ the same command line a transformers user already writes. Differences:
   decoder layer in place (`compile.py`); the first logs report the compile time (`telemetry/compile.py`).
 - `use_cpu` defaults to `None` = auto: True when torch sees no accelerator, so a CPU-only machine
   trains on CPU (gloo for several processes) without a flag.
+- `parallelism_config` with `tp_size` or `cp_size` > 1 is refused on a CPU in one line (accelerate and torch
+  support them only on GPUs; docs/distributed.md).
 - `async_checkpoint` (default True): checkpoints written in the background (`resume/background.py`); the hang
   watchdog (`hang_watchdog`, `hang_timeout_*`) and the restart-loop guard (`restart_same_failure_limit`): see
   `recovery/`. `resume_from_checkpoint` also takes `"auto"` (the newest whole checkpoint, or a fresh start).
@@ -375,6 +377,7 @@ class PretrainingArguments(TrainingArguments):
             resolve_tasks(self.downstream_tasks)  # an unknown name is refused now, listing the available ones
         if self.use_cpu is None:  # extras off: transformers' default
             self.use_cpu = not accelerator_available() if self.pretrain_extras else False
+        self._check_parallelism()
         if self.pretrain_extras and (warning := restart_rendezvous_warning()) and os.environ.get("RANK", "0") == "0":
             logger.warning(warning)  # before the process group starts: a restarted one fails right there
         if self.pretrain_extras:  # before the process group starts: NCCL reads them then
@@ -396,6 +399,30 @@ class PretrainingArguments(TrainingArguments):
             raise ValueError(
                 f"--output_dir {self.output_dir} is a file, not a folder: pass a folder path (it is created if missing)."
             )
+
+    def _check_parallelism(self) -> None:
+        """Tensor and context parallelism on CPU processes fail deep in accelerate or torch: refused here, one line.
+        Measured on torch 2.13 CPU, accelerate 1.16 (docs/distributed.md): a TP-sharded model (DTensor over gloo) runs
+        forward and backward, but accelerate refuses any ParallelismConfig under DistributedType.MULTI_CPU; torch's context
+        parallel has no sharding rule for the CPU SDPA kernel. DeepSpeed Ulysses (`sp_size`) is not refused."""
+        config = self.parallelism_config
+        if config is None and os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() == "true":
+            from accelerate import ParallelismConfig
+
+            config = ParallelismConfig()  # what accelerate builds from the launch config's parallelism_config_*
+        if config is None or not self.use_cpu:
+            return
+        why = {
+            "tp_size": "accelerate refuses a ParallelismConfig on CPU processes (DistributedType.MULTI_CPU)",
+            "cp_size": "torch's context parallel shards only the GPU SDPA kernels "
+            "(aten._scaled_dot_product_flash_attention_for_cpu has no sharding strategy)",
+        }
+        for name, reason in why.items():
+            if getattr(config, name) > 1:
+                raise ValueError(
+                    f"parallelism_config.{name}={getattr(config, name)} needs GPUs: {reason}; "
+                    f"set {name}=1 on a CPU (docs/distributed.md)."
+                )
 
     def _resolve_optimizer(self) -> None:
         """`optim="muon"` -> `pretrain_optimizer`; an unknown name refused here, in one line."""
