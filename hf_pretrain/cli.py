@@ -231,6 +231,11 @@ def data_cli(argv: list[str]) -> int:
     return data_main(argv)
 
 
+AFTER_INTERRUPT = {  # what a relaunch of the command does with the work done so far
+    "data": "run the same command again: it reuses every task that completed.",
+    "trial": "run it again: each recipe runs anew.",
+    "eval": "run it again: the scores are computed anew.",
+}
 COMMANDS = {
     "doctor": doctor,
     "advise-restart": advise_restart_cli,
@@ -259,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; 130 as a shell reports SIGINT
+        print(
+            f"interrupted: hf-pretrain {argv[0]} stopped by Ctrl-C; {AFTER_INTERRUPT.get(argv[0], '')}", file=sys.stderr
+        )
+        return 130
 
 
 if __name__ == "__main__":
