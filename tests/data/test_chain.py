@@ -470,10 +470,12 @@ def test_a_task_the_cluster_would_refuse_is_one_line_before_any_submission(
     assert not out.exists()  # nothing read, nothing submitted
 
 
-@pytest.mark.parametrize("listening", ["nothing", "http"])
-def test_a_wrong_ray_address_is_one_line_within_seconds(tmp_path, listening):
-    """A closed port on the loopback, or a port that answers but is no Ray (an HTTP server): refused before any data
-    work, where `ray.init` would retry for ever (`Failed to connect to GCS` every 30 s)."""
+@pytest.mark.parametrize("listening", ["nothing", "http", "raylet"])
+def test_a_wrong_ray_address_is_one_line_within_seconds(tmp_path, listening, request):
+    """A closed port on the loopback, a port that answers but is no Ray (an HTTP server), or a gRPC server that is not
+    Ray's GCS (the raylet's port of a running Ray node; the Ray client's 10001 without ray:// is the same): refused
+    before any data work, where `ray.init` would retry for ever (`Failed to connect to GCS` every 30 s), or, on a gRPC
+    port, for 20 s and end in a traceback."""
     import http.server
     import threading
     import time
@@ -485,6 +487,15 @@ def test_a_wrong_ray_address_is_one_line_within_seconds(tmp_path, listening):
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         address = f"127.0.0.1:{server.server_address[1]}"
+    elif listening == "raylet":
+        import ray
+
+        request.getfixturevalue("ray_in_process")  # the run below is another process: it joins no Ray
+        from hf_pretrain.data.chain.executors import gcs_answer
+
+        assert gcs_answer(ray.get_runtime_context().gcs_address) is None  # the GCS of the same node passes
+        node = ray.nodes()[0]
+        address = f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"
     else:
         address = f"127.0.0.1:{free_port()}"
     out = tmp_path / "ray"
@@ -498,7 +509,11 @@ def test_a_wrong_ray_address_is_one_line_within_seconds(tmp_path, listening):
         if server is not None:
             server.shutdown()
     assert run.returncode == 2 and time.monotonic() - start < 30, run.stderr[-3000:]
-    said = f"nothing answers at {address} (Connection refused)" if listening == "nothing" else "answers, but is no Ray"
+    said = {
+        "nothing": f"nothing answers at {address} (Connection refused)",
+        "http": "answers, but is no Ray",
+        "raylet": f"a gRPC server answers at {address}, but not Ray's GCS (",
+    }[listening]
     lines = run.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: executor address={address!r}: "), run.stderr[-3000:]
     assert said in lines[0] and lines[0].endswith("or null to start a local Ray for the run.")

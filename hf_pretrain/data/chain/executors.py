@@ -10,7 +10,9 @@ returns with `wait: false`), checking each stage as it completes and cancelling 
 
 Before any data work the cluster is asked whether it would take the tasks: Slurm with `sbatch --test-only`
 (`check_slurm`), Ray by a connection to the address the run would join (`check_ray`: `ray.init` retries a wrong
-address for ever, a warning every 30 s).
+address for ever, a warning every 30 s): something must answer there, speak gRPC, and be Ray's GCS (it gives the
+cluster's id to one request, sent by a process of its own, `gcs_answer`: on another gRPC server, a raylet's port,
+`ray.init` retries for 20 s, a warning a second, then raises).
 """
 
 from __future__ import annotations
@@ -139,6 +141,39 @@ def grpc_answer(host: str, port: int, timeout: float = 5.0) -> str | None:
     return None
 
 
+GCS_PROBE = """
+import sys
+try:
+    from ray._raylet import GcsClient
+except ImportError:
+    sys.exit(3)  # another Ray version: ray.init's own check
+try:
+    GcsClient(address=sys.argv[1])  # asks the GCS for the cluster's id, once
+except Exception as err:
+    said = str(err).split("\\n")[0].strip().rstrip(":")
+    print(said if not said.endswith("RPC error") else f"{said}: gRPC status {getattr(err, 'rpc_code', '?')}")
+    sys.exit(1)
+"""
+
+
+def gcs_answer(address: str, timeout: float = 20.0) -> str | None:
+    """None when Ray's GCS answers at host:port (it gives the cluster's id); else why not, in words. Asked once, in a
+    process of its own: Ray's client logs every try on stderr, and `ray.init` tries for 20 s before its traceback."""
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", GCS_PROBE, address], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return f"{address} did not answer Ray's GCS request within {timeout:.0f} s"
+    if probe.returncode in (0, 3):
+        return None
+    said = probe.stdout.strip() or (probe.stderr.strip().splitlines() or ["no reason"])[-1]
+    return (
+        f"a gRPC server answers at {address}, but not Ray's GCS ({said}): another port of a Ray node? (the Ray "
+        "client's, 10001, is written ray://host:10001)"
+    )
+
+
 def check_ray(c: ExecutorConfig) -> None:
     """Before any data work: the Ray cluster the run would join answers, or one line naming the address and the fix.
 
@@ -172,6 +207,8 @@ def check_ray(c: ExecutorConfig) -> None:
     if not host or not port.isdigit():
         raise ValueError(f"{field}={address!r} is no host:port (e.g. 10.0.0.1:6379); {fix}")
     why = grpc_answer(host.strip("[]"), int(port))
+    if why is None and not address.startswith("ray://"):  # the Ray client's server is no GCS
+        why = gcs_answer(f"{host}:{port}")
     if why:
         raise ValueError(f"{field}={address!r}: {why}; {fix}")
 
