@@ -46,6 +46,10 @@ def _run_step(args, heldout_fraction: float = 0.0, **sections) -> list[BlockStat
     from .pipeline_config import PipelineConfig
     from .storage import is_url
 
+    if args.num_proc is not None and args.num_proc < 1:
+        raise ValueError(
+            f"--num-proc {args.num_proc} is invalid: use a number of tasks at once >= 1 (e.g. --num-proc 4)."
+        )
     if is_url(args.output):
         raise ValueError(
             f"--output {args.output!r}: a step command writes a local folder (the next step's --input); an output "

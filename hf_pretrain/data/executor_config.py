@@ -36,21 +36,26 @@ class ExecutorConfig:
     wait: bool = True  # slurm: wait for the jobs and merge the counts; False: submit and return
 
     def __post_init__(self):
+        """The refusals name the field alone: they are read after `section 'executor': ` (`PipelineConfig`)."""
         if self.kind not in KINDS:
-            raise ValueError(f"executor kind={self.kind!r} is invalid; use one of {list(KINDS)}.")
+            raise ValueError(f"kind={self.kind!r} is invalid; use one of {list(KINDS)}.")
         if self.tasks is None:
             if self.kind != "local":
-                raise ValueError(f"executor kind={self.kind!r} needs tasks (the number of shards), e.g. 64.")
+                raise ValueError(f"kind={self.kind!r} needs tasks (the number of shards), e.g. 64.")
             self.tasks = os.cpu_count() or 1
-        for name in ("tasks", "cpus_per_task", "tokenizer_sample_documents"):
+        for name, what, example in (
+            ("tasks", "shards", 8),
+            ("cpus_per_task", "CPUs", 1),
+            ("tokenizer_sample_documents", "documents", 1_000_000),
+        ):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"executor {name}={getattr(self, name)!r}: use an integer >= 1.")
+                raise ValueError(f"{name}={getattr(self, name)!r}: use a number of {what} >= 1 (e.g. {example}).")
         if self.workers != -1 and (not isinstance(self.workers, int) or self.workers < 1):
-            raise ValueError(f"executor workers={self.workers!r}: use an integer >= 1, or -1 for all tasks at once.")
+            raise ValueError(f"workers={self.workers!r}: use a number of tasks at once >= 1, or -1 for all.")
         if self.mem_per_cpu_gb <= 0:
-            raise ValueError(f"executor mem_per_cpu_gb={self.mem_per_cpu_gb}: use a positive number of GB.")
+            raise ValueError(f"mem_per_cpu_gb={self.mem_per_cpu_gb}: use a positive number of GB.")
         if self.start_method not in ("forkserver", "spawn", "fork"):
-            raise ValueError(f"executor start_method={self.start_method!r}: use forkserver, spawn or fork.")
+            raise ValueError(f"start_method={self.start_method!r}: use forkserver, spawn or fork.")
 
     def check_installed(self) -> None:
         """The engine's libraries are importable, or one line naming the extra to install."""
@@ -60,4 +65,4 @@ class ExecutorConfig:
         if missing:
             extra = EXTRAS.get(self.kind)
             fix = f"pip install 'hf_pretrain[{extra}]'" if extra else "pip install hf_pretrain again (a dependency)"
-            raise ValueError(f"executor kind={self.kind!r} needs {', '.join(missing)}: {fix}.")
+            raise ValueError(f"kind={self.kind!r} needs {', '.join(missing)}: {fix}.")

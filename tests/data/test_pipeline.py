@@ -216,6 +216,7 @@ def test_a_value_of_the_wrong_type_is_one_line_naming_the_field_the_type_and_the
 
 
 def test_an_output_dir_that_is_a_file_and_a_bad_number_of_tasks_are_one_line_before_any_data_work(tmp_path, capsys):
+    tasks_zero = {"executor": {"kind": "local", "tasks": 0}}
     dirty_corpus(tmp_path / "raw")
     (tmp_path / "taken").write_text("a file, not a folder")
     for output_dir, where in (("taken", "is a file"), ("taken/out", f"is inside {str(tmp_path / 'taken')!r}, a file")):
@@ -234,6 +235,15 @@ def test_an_output_dir_that_is_a_file_and_a_bad_number_of_tasks_are_one_line_bef
         assert main(["data", "prepare", str(path), "--executor", "local", flag, value]) == 2
         assert error_line(capsys) == f"error: {expected}"
         assert not (tmp_path / "out").exists()
+    path.write_text(json.dumps({"input": str(tmp_path / "raw"), "output_dir": str(tmp_path / "out"), **tasks_zero}))
+    assert main(["data", "prepare", str(path)]) == 2  # the section's field named once, as the flag is
+    assert error_line(capsys) == f"error: {path}: section 'executor': tasks=0: use a number of shards >= 1 (e.g. 8)."
+    step = ["data", "clean", "--input", str(tmp_path / "raw"), "--output", str(tmp_path / "out"), "--num-proc", "0"]
+    assert main(step) == 2  # the flag the user typed, not the config field behind it
+    assert (
+        error_line(capsys) == "error: --num-proc 0 is invalid: use a number of tasks at once >= 1 (e.g. --num-proc 4)."
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_step_runs_again_when_its_settings_or_input_change(tmp_path, capsys):
