@@ -20,7 +20,9 @@ remove a stage while another launch runs is refused.
 Under an executor a task is one process (datatrove's local pool workers are daemonic and may not start
 `datasets`' pools of their own): the tasks run their blocks in their own process, the executor's `tasks` and
 `workers` are the parallelism, and on the local executor `num_proc`, when `workers` is not given, is how many
-tasks run at once. A shard whose files hold no document keeps none; the run fails, with the read's error, only
+tasks run at once. That is datatrove's own model (a task is the unit of work, of completion marks and of logs),
+and what a datatrove user sets; the alternative, `datasets` pools inside non-daemonic task processes, would mean
+replacing datatrove's pool and would run `workers` x `num_proc` processes on the cores the workers already fill. A shard whose files hold no document keeps none; the run fails, with the read's error, only
 when the whole input yields nothing (`check_something_read`).
 
 Why datatrove: its three executors run one pipeline unchanged, mark completed tasks so that a relaunch reruns
