@@ -263,3 +263,31 @@ def test_progress_lines_count_each_task_s_requests(tokenizer, capsys):
     for quiet in (None, 3600.0):  # no line when silenced, nor when the evaluation is over before the first is due
         evaluator.evaluate(tiny_model(), progress_s=quiet)
         assert progress_lines(capsys.readouterr().out) == []
+
+
+PREPARING = re.compile(r"\[downstream\] preparing: ([\d,]+)/([\d,]+) requests encoded: (.+); (.+)$")
+
+
+def test_preparation_says_the_requests_encoded_per_task(tokenizer, capsys, monkeypatch):
+    """The full hellaswag, arc_easy and piqa take 10-25 s to encode here, silent before: a line per interval."""
+    import hf_pretrain.evaluation.downstream.evaluator as evaluator_module
+    from hf_pretrain.evaluation.downstream.requests import requests_of
+
+    monkeypatch.setattr(evaluator_module, "ENCODE_CHUNK", 8)  # several chunks a task at a test's size
+    evaluator = DownstreamEvaluator(tokenizer, ["arc_easy", "piqa"], limit=6, seed=4, progress_s=0)
+    lines = [PREPARING.match(line).groups() for line in capsys.readouterr().out.splitlines()]
+    per_task = [dict(p.split(" ") for p in tasks.split(" | ")) for _, _, tasks, _ in lines]
+    arc, piqa = (sum(len(e.choices) for e in s.examples) for s in evaluator.sets)
+    chunks = [*range(8, arc, 8), arc, *range(arc + 8, arc + piqa, 8), arc + piqa]  # a line after each chunk
+    assert [int(done) for done, *_ in lines] == [*chunks, arc + piqa] and len(chunks) >= 4
+    assert {int(total) for _, total, *_ in lines} == {arc + piqa}
+    assert per_task[chunks.index(arc)] == {"arc_easy": f"{arc}/{arc}", "piqa": f"0/{piqa}"}
+    assert per_task[-1] == {"arc_easy": f"{arc}/{arc}", "piqa": f"{piqa}/{piqa}"}
+    assert lines[-1][3].startswith("done in") and all(when.endswith("s so far") for *_, when in lines[:-1])
+    whole = Encoder(tokenizer).encode([r for s in evaluator.sets for r in requests_of(s.task.name, s.examples)])
+    assert [(e.context_ids, e.continuation_ids) for e in evaluator.encoded] == [
+        (e.context_ids, e.continuation_ids) for e in whole
+    ]  # chunks encode as one call does
+    for quiet in (None, 3600.0):  # silenced, or over before the first line is due: nothing said
+        DownstreamEvaluator(tokenizer, ["arc_easy", "piqa"], limit=6, seed=4, progress_s=quiet)
+        assert capsys.readouterr().out == ""

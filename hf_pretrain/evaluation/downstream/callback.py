@@ -9,8 +9,9 @@ rank) and prints on rank 0:
 
     [downstream] step 200: hellaswag acc_norm 0.262 | arc_easy acc_norm 0.281 | piqa acc_norm 0.552 | centered 0.012 (3.1 s)
 
-and, while it scores, a progress line every `progress_s` seconds (rank 0's share: requests done per
-task, the rate, the time left; `DownstreamEvaluator.evaluate`), so a long evaluation is never silent.
+and, while it prepares (`on_train_begin`: the requests encoded) and while it scores, a progress line every
+`progress_s` seconds (rank 0's share: requests done per task, the rate, the time left;
+`DownstreamEvaluator`), so a long evaluation is never silent.
 
 Logs (merged into that step's log by `PretrainTrainer.log`: console, `report_to`, telemetry.jsonl and
 `state.log_history`; rank 0):
@@ -118,6 +119,7 @@ class DownstreamEvalCallback(PretrainCallback):
             self.seed,
             batch_tokens=self.batch_tokens,
             data_dir=self.data_dir,
+            progress_s=self.progress_s,  # rank 0's lines while it encodes (a full task: tens of seconds)
         )
         self.prepare_seconds = time.perf_counter() - start
 

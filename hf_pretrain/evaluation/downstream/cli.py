@@ -3,7 +3,7 @@
 PATH is an hf_pretrain checkpoint or output directory, an exported one, or any plain `transformers`
 causal-LM folder (Llama, GPT-2, ... saved locally); its tokenizer is read from PATH (or
 `--tokenizer`). Prints the notes and the examples each task scores before scoring, a progress line
-every `--progress-seconds` of scoring, then one row a task, and writes every figure, the settings and
+every `--progress-seconds` of preparing (encoding the requests) and of scoring, then one row a task, and writes every figure, the settings and
 the notes to a JSON file (default PATH/downstream.json).
 """
 
@@ -46,7 +46,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="JSON file to write (default: PATH/downstream.json)")
     p.add_argument("--samples", action="store_true", help="also write every example's log-likelihoods to the JSON")
     p.add_argument(
-        "--progress-seconds", type=float, default=None, help="seconds of scoring between progress lines (default 10)"
+        "--progress-seconds",
+        type=float,
+        default=None,
+        help="seconds of preparation or scoring between progress lines (default 10)",
     )
     return p
 
@@ -67,6 +70,7 @@ def cli(argv: list[str]) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     start = time.perf_counter()
     tokenizer = load_tokenizer(args.tokenizer or str(path))
+    progress_s = PROGRESS_S if args.progress_seconds is None else args.progress_seconds
     evaluator = DownstreamEvaluator(
         tokenizer,
         args.tasks,
@@ -76,6 +80,7 @@ def cli(argv: list[str]) -> int:
         max_length=args.max_length,
         batch_tokens=args.batch_tokens or DEFAULT_BATCH_TOKENS,
         data_dir=args.data_dir,
+        progress_s=progress_s,
     )
     model = load_model(path, args.dtype).to(device).eval()
     evaluator.batches(model, device)  # the requests batched: the notes say the size of the work before it starts
@@ -88,7 +93,6 @@ def cli(argv: list[str]) -> int:
         f"parameters, {device.type} {dtype_name}; {args.shots}-shot; {scored(evaluator, args.seed)}",
         flush=True,
     )
-    progress_s = PROGRESS_S if args.progress_seconds is None else args.progress_seconds
     result = evaluator.evaluate(model, device, keep_examples=args.samples, progress_s=progress_s)
     print(table(result, evaluator))
     out = Path(args.out) if args.out else path / "downstream.json"
