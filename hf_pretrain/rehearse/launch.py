@@ -33,6 +33,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,29 +201,43 @@ if builder is not None:
 """
 
 
-def build_deepspeed_ops(timeout_s: float = 1200.0) -> None:
+def build_deepspeed_ops(log: Path | None = None, timeout_s: float = 1200.0, progress_s: float = PROGRESS_S) -> None:
     """Build DeepSpeed's CPU shared-memory comm op before the runs (each rank builds it at `init_distributed`
-    otherwise, inside the run's time limit: minutes on 2 busy cores the first time, cached after). A lock left by
-    a build that was killed would make every later build wait forever: one older than `timeout_s` is removed."""
+    otherwise, inside the run's time limit: minutes on 2 busy cores the first time, cached after). The build's
+    output goes to `log` (None: a temporary file); every `progress_s` a line says how long it has been building
+    and the build's last line. A lock left by a build that was killed would make every later build wait forever:
+    one older than `timeout_s` is removed."""
+    if log is None:
+        with tempfile.TemporaryDirectory() as folder:
+            return build_deepspeed_ops(Path(folder) / "deepspeed_build.log", timeout_s, progress_s)
     env = environment()
     for lock in Path(env["TORCH_EXTENSIONS_DIR"]).glob("*/lock"):
         if time.time() - lock.stat().st_mtime > timeout_s:
             lock.unlink(missing_ok=True)
-    process = subprocess.Popen(
-        [sys.executable, "-c", BUILD_DEEPSPEED_OPS],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    start = last = time.time()
+    with log.open("w") as out, signals_held():  # a build started is a build stopped by the `finally` below
+        process = subprocess.Popen(
+            [sys.executable, "-c", BUILD_DEEPSPEED_OPS],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
-        _, stderr = process.communicate(timeout=timeout_s)
+        while process.poll() is None and time.time() - start <= timeout_s:
+            time.sleep(min(POLL_S, max(progress_s, 0.05)))
+            if process.poll() is None and time.time() - last >= progress_s:
+                last = time.time()
+                print(
+                    f"[rehearse] DeepSpeed: building its CPU comm op, {last - start:.0f} s so far "
+                    f"(the build's last line: {_last_line(log)})",
+                    flush=True,
+                )
     finally:
-        _stop([process])  # its compilers too, on a timeout or a signal
+        _stop([process])  # its compilers too, past the time limit or on a signal
     if process.returncode != 0:
-        error = (stderr.strip().splitlines() or ["?"])[-1]
-        raise RuntimeError(f"DeepSpeed's CPU comm op does not build here: {error}")
+        within = f" within {timeout_s:.0f} s" if time.time() - start > timeout_s else ""
+        raise RuntimeError(f"DeepSpeed's CPU comm op does not build here{within}: {_last_line(log)} (log {log})")
 
 
 # A launch with restarts allowed: one restart, a rendezvous the restarted ranks can join (c10d, a new store per

@@ -15,8 +15,8 @@ Each run's ranks write their records (probe.py) under OUT/runs/<run>/probe, the 
 OUT/runs/<run>/launch.log, the script's output_dir is OUT/runs/<run>/run.
 
 On the console (`say`): a line as each stage (the tiny model, DeepSpeed's op build, each run) starts and
-ends, and, every `progress_s` while a run goes on, what it waits for (`launch.run_launch`); the checklist
-follows at the end.
+ends, and, every `progress_s` while a run goes on, what it waits for (`launch.run_launch`), as while DeepSpeed's
+op builds (`launch.build_deepspeed_ops`: minutes the first time); the checklist follows at the end.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def rehearse(request: RehearsalRequest) -> Rehearsal:
     rehearsal = Rehearsal(request, topology, model, topology.notes + notes + request.launch.ignored)
     if topology.deepspeed_file is not None:
         say("DeepSpeed: building its CPU comm op (once per Python environment; minutes the first time)")
-        build_deepspeed_ops()  # not counted against the runs' time limit
+        build_deepspeed_ops(out / "deepspeed_build.log", progress_s=request.progress_s)  # not in the runs' limit
         say("DeepSpeed: its CPU comm op is built")
 
     straight = _run(request, topology, "straight", out / "runs" / "straight" / "run", 0)

@@ -12,7 +12,14 @@ import yaml
 from hf_pretrain import get_preset
 from hf_pretrain.rehearse import RehearsalRequest, rehearse
 from hf_pretrain.rehearse.checks import data_sharding, hang_recovery, resume, unattended_recovery
-from hf_pretrain.rehearse.launch import RunResult, parse_launch, read_launch_file, rehearsal_config, waiting_for
+from hf_pretrain.rehearse.launch import (
+    RunResult,
+    build_deepspeed_ops,
+    parse_launch,
+    read_launch_file,
+    rehearsal_config,
+    waiting_for,
+)
 from hf_pretrain.rehearse.report import checklist, write_markdown
 from hf_pretrain.rehearse.shrink import flag_value, script_arguments, tiny_config
 from hf_pretrain.training.recovery.attempts import Attempt, write_attempts
@@ -283,6 +290,26 @@ def test_the_waiting_line_says_the_step_the_fault_or_the_launch_s_last_line(tmp_
     assert "killed in step 5 (planted); waiting for the launch to tear down" in waiting_for(
         training, None, 2, log, {**fault, "kind": "kill"}
     )
+
+
+def test_the_deepspeed_op_build_says_it_is_building_and_leaves_no_process(tmp_path, capsys):
+    """A rehearsal of a DeepSpeed config printed nothing while the op built (minutes the first time). The real
+    build, cached here (DeepSpeed's import alone takes seconds): a line every 0.3 s, with the build's last line."""
+    import psutil
+
+    build_deepspeed_ops(tmp_path / "build.log", progress_s=0.3)
+    lines = capsys.readouterr().out.splitlines()
+    said = [
+        re.fullmatch(
+            r"\[rehearse\] DeepSpeed: building its CPU comm op, (\d+) s so far \(the build's last line: .+\)", x
+        )
+        for x in lines
+    ]
+    assert len(lines) >= 2 and all(said), lines
+    assert [int(m.group(1)) for m in said] == sorted(int(m.group(1)) for m in said)
+    assert (tmp_path / "build.log").exists()
+    left = [p for p in psutil.Process().children(recursive=True) if "ShareMemCommBuilder" in " ".join(p.cmdline())]
+    assert left == []
 
 
 @pytest.mark.distributed
