@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 DTYPES = ("bf16", "fp16", "fp32")  # torch dtypes by name: the package imports torch only in the commands that run it
 
@@ -117,9 +118,11 @@ def report(argv: list[str]) -> int:
     print(f"wrote {png} and {page}")
     from .report.dashboard import format_mixture
     from .report.goodput import goodput_summary
+    from .report.summary import summary_table
     from .telemetry.jsonl import read_jsonl
 
     records = read_jsonl(args.run_dir)
+    print(summary_table(Path(args.run_dir), records))  # the page's table: what the run measured, on the console
     if mixture := format_mixture(records):
         print(mixture)
     if summary := goodput_summary(records):

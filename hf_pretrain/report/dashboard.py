@@ -30,7 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..telemetry.jsonl import FILENAME, read_records  # noqa: E402
-from .summary import summary_rows  # noqa: E402
+from .summary import DOWNSTREAM_NOT_RUN, summary_rows  # noqa: E402
 
 WARNING_KEYS = (
     "straggler_warning",
@@ -69,8 +69,8 @@ PANELS = (
 FROM_ZERO = ("throughput", "mfu", "memory", "utilization")
 # What an empty panel says: nothing measured on this device, or nothing asked for.
 NOT_RUN = {
-    "downstream": "not run (pass --downstream_tasks)",
-    "downstream_bpb": "not run (pass --downstream_tasks)",
+    "downstream": DOWNSTREAM_NOT_RUN,
+    "downstream_bpb": DOWNSTREAM_NOT_RUN,
     "goodput": "not logged (telemetry off)",
 }
 # The goodput panel: the wall time stacked by where it went (what none of the counters names is "other").

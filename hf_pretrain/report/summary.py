@@ -5,6 +5,10 @@ Rows: the model and its size (`config.json`, written by `save_model`: parameters
 the precision, the compute dtype and the attention kernels (`preflight.json`), then the last value of the
 training loss, held-out loss, learning rate, tokens/s, MFU, the downstream figures and the
 goodput (`goodput.py`) (telemetry.jsonl). What the run directory does not hold is said so, never invented.
+
+The held-out loss of a run whose stream lacks it (a run of a version whose final `evaluate()` did not reach
+telemetry.jsonl) is read from `pretrain_summary.json`, where `examples/pretrain.py` writes the figure it
+printed (`heldout_loss`), and its source said. `hf-pretrain report` prints the table on the console too.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from pathlib import Path
 from .goodput import goodput_summary
 
 MISSING = "not in the run directory"
+SUMMARY = "pretrain_summary.json"  # what examples/pretrain.py writes at its end: the figures it printed
+DOWNSTREAM_NOT_RUN = "not run (pass --downstream_tasks)"  # a run that asked for no downstream evaluation
 
 
 def _last(records: list[dict], key: str):
@@ -60,6 +66,20 @@ def _preflight(run_dir: Path) -> tuple[str, str, str]:
     return where, kernels or MISSING, said
 
 
+def _held_out_loss(run_dir: Path, records: list[dict]) -> str:
+    """The last `eval_loss` of the stream, else the example's `heldout_loss` (its source said), else 'not logged'."""
+    value = _last(records, "eval_loss")
+    if value is not None:
+        return f"{value:.4f}"
+    path = run_dir / SUMMARY
+    try:
+        written = json.loads(path.read_text()) if path.is_file() else {}
+    except ValueError:  # a file cut short: nothing read from it, and said so
+        return f"not logged ({SUMMARY} is no JSON)"
+    figure = written.get("heldout_loss") if isinstance(written, dict) else None
+    return f"{figure:.4f} ({SUMMARY})" if isinstance(figure, (int, float)) else "not logged"
+
+
 def summary_rows(run_dir: Path, records: list[dict]) -> list[tuple[str, str]]:
     dtype, kernels, precision = _preflight(run_dir)
     rows = [("model", _model(run_dir)), ("precision", precision), ("compute dtype", dtype)]
@@ -69,7 +89,6 @@ def summary_rows(run_dir: Path, records: list[dict]) -> list[tuple[str, str]]:
     rows.append(("optimizer steps", str(max((r["step"] for r in records), default=0))))
     finals = (
         ("training loss", "loss", "{:.4f}"),
-        ("held-out loss", "eval_loss", "{:.4f}"),
         ("learning rate", "learning_rate", "{:.3g}"),
         ("tokens / s", "tokens_per_second", "{:,.0f}"),
         ("MFU (spec)", "mfu_spec", "{:.1%}"),
@@ -77,9 +96,13 @@ def summary_rows(run_dir: Path, records: list[dict]) -> list[tuple[str, str]]:
         ("downstream centered accuracy", "downstream/centered", "{:.4f}"),
         ("downstream time share", "downstream/time_share", "{:.1%}"),
     )
+    downstream_run = any(k.startswith("downstream/") for r in records for k in r)
     for label, key, form in finals:
         value = _last(records, key)
-        rows.append((label, form.format(value) if value is not None else "not logged"))
+        missing = DOWNSTREAM_NOT_RUN if key.startswith("downstream/") and not downstream_run else "not logged"
+        rows.append((label, form.format(value) if value is not None else missing))
+        if key == "loss":
+            rows.append(("held-out loss", _held_out_loss(run_dir, records)))
     tasks = sorted({k.split("/")[1] for r in records for k in r if k.startswith("downstream/") and k.count("/") == 2})
     for task in tasks:
         figures = {m: _last(records, f"downstream/{task}/{m}") for m in ("acc", "acc_norm", "bpb", "centered")}
@@ -87,3 +110,8 @@ def summary_rows(run_dir: Path, records: list[dict]) -> list[tuple[str, str]]:
         rows.append((f"downstream {task}", text))
     rows.append(("goodput", goodput_summary(records) or "not logged (telemetry off)"))
     return rows
+
+
+def summary_table(run_dir: Path, records: list[dict]) -> str:
+    """The rows but the goodput (its own line on the console) as aligned console lines."""
+    return "\n".join(f"{label:<30}{value}" for label, value in summary_rows(run_dir, records) if label != "goodput")

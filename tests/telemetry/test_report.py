@@ -168,3 +168,38 @@ def test_report_stacks_the_goodput_so_the_parts_add_up_to_the_wall_time(tmp_path
     assert top == pytest.approx(300.0)
     (wall,) = [line for line in panel.lines if line.get_label() == "wall"]
     assert list(wall.get_ydata()) == [100.0, 200.0, 300.0]
+
+
+def tiny_run_files(path, heldout_in_stream: bool):
+    """What `make pretrain` leaves in runs/tiny for the report: training logs, train()'s last log and, with
+    `heldout_in_stream`, the final evaluate()'s (versions before it reached telemetry.jsonl wrote none), and the
+    example's pretrain_summary.json with the held-out loss it printed."""
+    records = [
+        {"step": s, "loss": 6.0 - s / 100, "learning_rate": 1e-3, "tokens_per_second": 6350.0,
+         "num_input_tokens_seen": 4096 * s}
+        for s in (100, 200, 300)
+    ]  # fmt: skip
+    records.append({"step": 300, "train_loss": 5.0587, "train_runtime": 195.4, "num_input_tokens_seen": 1228800})
+    if heldout_in_stream:
+        records.append({"step": 300, "eval_loss": 4.6489715576171875, "eval_runtime": 0.45})
+    write_run(path, records)
+    summary = {"train_loss": 5.0587, "train_seconds": 195.4, "tokens_seen": 1228800, "world_size": 1}
+    summary.update(heldout_loss=4.6489715576171875, heldout_perplexity=104.48, unigram_entropy=6.5428)
+    (path / "pretrain_summary.json").write_text(json.dumps(summary))
+
+
+def test_report_says_the_held_out_loss_the_example_printed_and_what_was_not_run(tmp_path, capsys):
+    """`make pretrain` printed `held-out loss 4.649`; the report of an older runs/tiny said 'not logged'. The figure
+    is in pretrain_summary.json: read, and its source said; the stream's own figure comes first. On the console too."""
+    tiny_run_files(tmp_path / "old", heldout_in_stream=False)
+    assert cli(["report", str(tmp_path / "old")]) == 0
+    out = capsys.readouterr().out
+    assert "\nheld-out loss                 4.6490 (pretrain_summary.json)\n" in out
+    assert "\ndownstream centered accuracy  not run (pass --downstream_tasks)\n" in out
+    assert "<th>held-out loss</th><td>4.6490 (pretrain_summary.json)</td>" in (tmp_path / "old/report.html").read_text()
+    tiny_run_files(tmp_path / "new", heldout_in_stream=True)
+    assert cli(["report", str(tmp_path / "new")]) == 0
+    assert "\nheld-out loss                 4.6490\n" in capsys.readouterr().out
+    (tmp_path / "old" / "pretrain_summary.json").write_text('{"heldout_loss": 4.6')  # cut short
+    assert cli(["report", str(tmp_path / "old")]) == 0
+    assert "held-out loss                 not logged (pretrain_summary.json is no JSON)" in capsys.readouterr().out
