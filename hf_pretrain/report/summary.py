@@ -21,6 +21,11 @@ from .goodput import goodput_summary
 MISSING = "not in the run directory"
 SUMMARY = "pretrain_summary.json"  # what examples/pretrain.py writes at its end: the figures it printed
 DOWNSTREAM_NOT_RUN = "not run (pass --downstream_tasks)"  # a run that asked for no downstream evaluation
+# An MFU whose peak the run never had (telemetry/throughput.py logs the peak once, at the first log, when known)
+NO_PEAK = {
+    "mfu_spec": ("peak_tflops_spec", "unavailable: no spec peak for this chip and precision (pass peak_tflops)"),
+    "mfu_measured": ("peak_tflops_measured", "unavailable: no native GEMM in this precision to measure a ceiling"),
+}
 
 
 def _last(records: list[dict], key: str):
@@ -80,6 +85,16 @@ def _held_out_loss(run_dir: Path, records: list[dict]) -> str:
     return f"{figure:.4f} ({SUMMARY})" if isinstance(figure, (int, float)) else "not logged"
 
 
+def _why_missing(key: str, records: list[dict]) -> str:
+    """What is true of a figure the stream lacks: never run, never measurable here, or not logged."""
+    if key.startswith("downstream/") and not any(k.startswith("downstream/") for r in records for k in r):
+        return DOWNSTREAM_NOT_RUN
+    peak, unavailable = NO_PEAK.get(key, (None, ""))
+    if peak and records and _last(records, "tokens_per_second") is not None and _last(records, peak) is None:
+        return unavailable  # throughput was logged, so the MFU's only missing part is its peak
+    return "not logged"
+
+
 def summary_rows(run_dir: Path, records: list[dict]) -> list[tuple[str, str]]:
     dtype, kernels, precision = _preflight(run_dir)
     rows = [("model", _model(run_dir)), ("precision", precision), ("compute dtype", dtype)]
@@ -96,11 +111,9 @@ def summary_rows(run_dir: Path, records: list[dict]) -> list[tuple[str, str]]:
         ("downstream centered accuracy", "downstream/centered", "{:.4f}"),
         ("downstream time share", "downstream/time_share", "{:.1%}"),
     )
-    downstream_run = any(k.startswith("downstream/") for r in records for k in r)
     for label, key, form in finals:
         value = _last(records, key)
-        missing = DOWNSTREAM_NOT_RUN if key.startswith("downstream/") and not downstream_run else "not logged"
-        rows.append((label, form.format(value) if value is not None else missing))
+        rows.append((label, form.format(value) if value is not None else _why_missing(key, records)))
         if key == "loss":
             rows.append(("held-out loss", _held_out_loss(run_dir, records)))
     tasks = sorted({k.split("/")[1] for r in records for k in r if k.startswith("downstream/") and k.count("/") == 2})

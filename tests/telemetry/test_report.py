@@ -196,6 +196,9 @@ def test_report_says_the_held_out_loss_the_example_printed_and_what_was_not_run(
     out = capsys.readouterr().out
     assert "\nheld-out loss                 4.6490 (pretrain_summary.json)\n" in out
     assert "\ndownstream centered accuracy  not run (pass --downstream_tasks)\n" in out
+    # throughput logged, no peak ever: the MFU is unavailable on this chip, not missing from the logs
+    assert "\nMFU (spec)                    unavailable: no spec peak for this chip and precision" in out
+    assert "\nMFU (measured ceiling)        unavailable: no native GEMM in this precision" in out
     assert "<th>held-out loss</th><td>4.6490 (pretrain_summary.json)</td>" in (tmp_path / "old/report.html").read_text()
     tiny_run_files(tmp_path / "new", heldout_in_stream=True)
     assert cli(["report", str(tmp_path / "new")]) == 0
