@@ -34,7 +34,8 @@ the same command line a transformers user already writes. Differences:
 - `use_cpu` defaults to `None` = auto: True when torch sees no accelerator, so a CPU-only machine
   trains on CPU (gloo for several processes) without a flag.
 - `parallelism_config` with `tp_size` or `cp_size` > 1 is refused on a CPU in one line (accelerate and torch
-  support them only on GPUs; docs/distributed.md).
+  support them only on GPUs; docs/distributed.md); `sp_size` > 1 (DeepSpeed Ulysses) needs DeepSpeed and a
+  multiple of sp_size processes (`sequence_parallel.py`).
 - `async_checkpoint` (default True): checkpoints written in the background (`resume/background.py`); the hang
   watchdog (`hang_watchdog`, `hang_timeout_*`) and the restart-loop guard (`restart_same_failure_limit`): see
   `recovery/`. `resume_from_checkpoint` also takes `"auto"` (the newest whole checkpoint, or a fresh start).
@@ -69,6 +70,7 @@ from .recovery.attempts import restart_rendezvous_warning
 from .recovery.room import RecoveryCallback
 from .recovery.watchdog import flight_recorder_environment
 from .resume.background import ASYNC_CHECKPOINT_DEFAULT
+from .sequence_parallel import check_arguments as check_sequence_parallel
 
 logger = logging.get_logger(__name__)
 
@@ -404,7 +406,8 @@ class PretrainingArguments(TrainingArguments):
         """Tensor and context parallelism on CPU processes fail deep in accelerate or torch: refused here, one line.
         Measured on torch 2.13 CPU, accelerate 1.16 (docs/distributed.md): a TP-sharded model (DTensor over gloo) runs
         forward and backward, but accelerate refuses any ParallelismConfig under DistributedType.MULTI_CPU; torch's context
-        parallel has no sharding rule for the CPU SDPA kernel. DeepSpeed Ulysses (`sp_size`) is not refused."""
+        parallel has no sharding rule for the CPU SDPA kernel. DeepSpeed Ulysses (`sp_size`) runs on gloo."""
+        check_sequence_parallel(self)  # sequence_parallel.py: SP without DeepSpeed, or not dividing the processes
         config = self.parallelism_config
         if config is None and os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() == "true":
             from accelerate import ParallelismConfig

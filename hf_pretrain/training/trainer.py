@@ -17,6 +17,7 @@ differences). It adds, each in its own room:
   rolled back to the newest checkpoint with a lower learning rate;
 - resume (`resume/`): exact, fast resume of samplers and streams (`data_position.py`); checkpoints checked
   before a resume and written atomically (`checkpointing.py`);
+- DeepSpeed Ulysses sequence parallelism (`sequence_parallel.py`): what breaks refused, the rest wired;
 - FSDP2 (`fsdp.py`): on CPU ranks too, and `save_model()` writes the full weights under sharded state dicts;
 - the processes (`processes.py`): a launch that lost its ranks is refused, one DeepSpeed process
   needs no launcher, the process group is left before exit, risky DataLoader workers of a rank are warned of;
@@ -54,6 +55,7 @@ from .resume.checkpointing import Checkpointing
 from .resume.data_position import DataPosition
 from .resume.store import read_run_state, save_into_place
 from .schedules import build_schedule
+from .sequence_parallel import check_attention_plan, check_trainer, training_batches
 from .tokens import TokenCounter
 from .wiring import (
     attention_preflight_for,
@@ -100,6 +102,7 @@ class PretrainTrainer(TrainerPrivateOverrides):
         self.precision_report = precision_from_arguments(self)
         check_launched_world_size(self.args.world_size)
         check_optimizer_supported(self)
+        check_trainer(self)  # sequence_parallel.py: refusals, DeepSpeed's comm on this group, the SP kernel
         if (warning := workers_start_warning(self.args)) and self.args.process_index == 0:
             logger.warning(warning)  # the same for every rank: said once
 
@@ -121,6 +124,7 @@ class PretrainTrainer(TrainerPrivateOverrides):
         if not self.extras:
             return super().train(resume_from_checkpoint, *args, **kwargs)
         self.run_attention_preflight()
+        check_attention_plan(self)  # under SP: every layer on the kernel Ulysses wraps
         memory_preflight_for(self)
         self.checkpointing.clear_interrupted()
         checkpoint = self.checkpointing.resolve(resume_from_checkpoint)
@@ -223,7 +227,10 @@ class PretrainTrainer(TrainerPrivateOverrides):
 
     def get_train_dataloader(self):
         build = super().get_train_dataloader
-        return self.data_position.build_dataloader(build) if self.extras else build()
+        if not self.extras:
+            return build()
+        with training_batches(self):  # sequence_parallel.py: position_ids in every batch under SP
+            return self.data_position.build_dataloader(build)
 
     def create_accelerator_and_postprocess(self) -> None:
         if not getattr(self.args, "pretrain_extras", True):  # called by Trainer.__init__, before self.extras

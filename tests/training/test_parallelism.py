@@ -1,11 +1,21 @@
 """Tensor and context parallelism on CPU processes are refused in one line, before any work (docs/distributed.md):
 accelerate refuses a ParallelismConfig under DistributedType.MULTI_CPU, and torch's context parallel has no CPU
-SDPA sharding rule. DeepSpeed Ulysses sequence parallelism is left to accelerate (it runs on gloo)."""
+SDPA sharding rule. DeepSpeed Ulysses sequence parallelism runs on gloo (tests/distributed/test_sequence_parallel.py);
+what breaks under it is refused in one line (hf_pretrain/training/sequence_parallel.py)."""
+
+import types
+from pathlib import Path
 
 import pytest
 from accelerate import ParallelismConfig
+from transformers import DataCollatorWithFlattening
 
-from tests.conftest import quick_args
+from hf_pretrain import PretrainForCausalLM
+from hf_pretrain.data.collator import PackedDocumentCollator
+from hf_pretrain.training.sequence_parallel import PositionIds, check_arguments, check_run
+from tests.conftest import quick_args, small_config
+
+ZERO3 = str(Path(__file__).resolve().parents[2] / "ds_configs" / "zero3.json")
 
 
 @pytest.mark.parametrize("field", ["tp_size", "cp_size"])
@@ -22,6 +32,76 @@ def test_the_launch_config_parallelism_is_refused_too(tmp_path, monkeypatch):
         quick_args(tmp_path, use_cpu=True)
 
 
-def test_sequence_parallelism_and_a_trivial_config_pass(tmp_path):
-    for config in (ParallelismConfig(sp_size=2), ParallelismConfig(tp_size=1, cp_size=1)):
-        assert quick_args(tmp_path, use_cpu=True, parallelism_config=config).parallelism_config is config
+def test_a_trivial_config_passes(tmp_path):
+    config = ParallelismConfig(tp_size=1, cp_size=1)
+    assert quick_args(tmp_path, use_cpu=True, parallelism_config=config).parallelism_config is config
+
+
+def test_sequence_parallelism_without_deepspeed_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"^parallelism_config\.sp_size=2: Ulysses .* runs inside DeepSpeed"):
+        quick_args(tmp_path, use_cpu=True, parallelism_config=ParallelismConfig(sp_size=2))
+
+
+def test_sequence_parallelism_must_divide_the_processes(monkeypatch):
+    args = types.SimpleNamespace(deepspeed=ZERO3, parallelism_config=ParallelismConfig(sp_size=2))
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match=r"^parallelism_config\.sp_size=2: it does not divide the 3 processes"):
+        check_arguments(args)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    check_arguments(args)  # SP=2 x data parallel 2
+
+
+def test_the_launch_config_keys_are_read(monkeypatch):
+    """`accelerate launch` with parallelism_config_sp_size: 2 but no DeepSpeed: the environment says it."""
+    monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")
+    monkeypatch.setenv("PARALLELISM_CONFIG_SP_SIZE", "2")
+    with pytest.raises(ValueError, match="runs inside DeepSpeed"):
+        check_arguments(types.SimpleNamespace(deepspeed=None, parallelism_config=None))
+
+
+@pytest.mark.parametrize(
+    "case, overrides, collator, seq_len, zero, message",
+    [
+        ("zero2", {}, None, 32, 2, "checked only with DeepSpeed ZeRO-3"),
+        ("no deepspeed stage", {}, None, 32, None, "checked only with DeepSpeed ZeRO-3"),
+        ("heads", {"num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 64}, None, 32, 3, None),
+        ("kv heads", {"num_key_value_heads": 1}, None, 32, 3, None),
+        ("windows", {"window_pattern": "SL", "sliding_window": 8}, None, 32, 3, "sliding windows"),
+        ("moe", {"num_experts": 4, "num_experts_per_tok": 2}, None, 32, 3, "MoE"),
+        ("packed", {}, PackedDocumentCollator(eos_token_id=2), 32, 3, "packed documents"),
+        ("flattening", {}, DataCollatorWithFlattening(), 32, 3, "packed documents"),
+        ("seq len", {}, None, 33, 3, "sequence length 33 is not divisible"),
+    ],
+)
+def test_what_breaks_under_sequence_parallelism_is_refused(case, overrides, collator, seq_len, zero, message):
+    sp = 4 if case == "heads" else 2
+    model = PretrainForCausalLM(small_config(**overrides))
+    if case == "kv heads":  # 1 KV head: a divisor of sp, DeepSpeed replicates it; passes
+        assert check_run(ParallelismConfig(sp_size=2), model, None, seq_len, zero) == "sdpa"
+        return
+    if message is None:
+        message = "num_attention_heads=2 must be divisible"
+    with pytest.raises(ValueError, match=rf"^parallelism_config\.sp_size={sp}: .*{message}"):
+        check_run(ParallelismConfig(sp_size=sp), model, collator, seq_len, zero)
+
+
+def test_the_kernel_follows_the_model():
+    model = PretrainForCausalLM(small_config())
+    assert check_run(ParallelismConfig(sp_size=2), model, None, 32, 3) == model.config._attn_implementation == "sdpa"
+    from accelerate.utils import DeepSpeedSequenceParallelConfig
+
+    config = ParallelismConfig(
+        sp_size=2, sp_handler=DeepSpeedSequenceParallelConfig(sp_attn_implementation="flash_attention_2")
+    )
+    with pytest.raises(ValueError, match=r"sp_attn_implementation='flash_attention_2' but the model runs 'sdpa'"):
+        check_run(config, model, None, 32, 3)
+
+
+def test_position_ids_are_added_to_batches_without_them():
+    import torch
+
+    collate = PositionIds(lambda rows: {"input_ids": torch.tensor(rows), "labels": torch.tensor(rows)})
+    batch = collate([[5, 6, 7, 8], [9, 10, 11, 12]])
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    kept = PositionIds(lambda rows: {"input_ids": torch.tensor(rows), "position_ids": torch.tensor([[0, 1, 0, 1]])})
+    assert kept([[5, 6, 7, 8]])["position_ids"].tolist() == [[0, 1, 0, 1]]

@@ -112,7 +112,8 @@ class DataPosition:
 
     def position(self, epoch: int, micro_batches_done: int) -> dict:
         args = self.trainer.args
-        per_micro_batch = args.per_device_train_batch_size * args.world_size
+        # Under sequence parallelism each micro-batch is one batch of each data-parallel group, cut along the sequence
+        per_micro_batch = args.per_device_train_batch_size * args.world_size // self.trainer.get_sp_size()
         return {
             "epoch": epoch,
             "samples_consumed_in_epoch": micro_batches_done * per_micro_batch,
