@@ -1,7 +1,7 @@
 """Launched by test_distributed.py (under `accelerate launch` or alone): a short run of the tiny preset.
 
 Usage: python tests/distributed/dist_run.py OUTPUT_DIR PER_DEVICE_BATCH [DEEPSPEED_CONFIG|-] [SAVE_STEPS] [resume]
-       [--optim NAME] [--gradient_checkpointing]
+       [--optim NAME] [--gradient_checkpointing] [--sp N]
 Writes OUTPUT_DIR/rank-<r>.json: the per-step losses, a checksum of every parameter (gathered under
 ZeRO-3 and FSDP2) and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model. The
 accelerate config picks DDP or FSDP2 (cpu_2proc.yaml, cpu_2proc_fsdp2.yaml).
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import torch
+from accelerate import ParallelismConfig
 from datasets import Dataset
 from transformers import TrainerCallback
 
@@ -24,11 +25,12 @@ STEPS, GLOBAL_BATCH, SEQ = 6, 8, 32
 
 class Losses(TrainerCallback):
     def __init__(self):
-        self.losses = {}
+        self.losses, self.grad_norms = {}, {}
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
             self.losses[state.global_step] = logs["loss"]
+            self.grad_norms[state.global_step] = logs.get("grad_norm")
 
 
 def parameters_digest(trainer) -> str:
@@ -72,6 +74,7 @@ def main(
     resume: bool = False,
     optim: str = "adamw_torch",
     gradient_checkpointing: bool = False,
+    sp: int = 1,
 ):
     torch.manual_seed(0)
     data = torch.randint(3, 500, (GLOBAL_BATCH * STEPS, SEQ), generator=torch.Generator().manual_seed(1))
@@ -88,6 +91,7 @@ def main(
         save_steps=save_steps or 500,
         optim=optim,
         gradient_checkpointing=gradient_checkpointing,
+        parallelism_config=ParallelismConfig(sp_size=sp) if sp > 1 else None,
     )
     model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=2))
     losses = Losses()
@@ -96,7 +100,12 @@ def main(
     trainer.add_callback(losses)
     offloads = record_state_dict_offload()
     trainer.train(resume_from_checkpoint=True if resume else None)
-    record = {"losses": losses.losses, "world_size": args.world_size, "digest": parameters_digest(trainer)}
+    record = {
+        "losses": losses.losses,
+        "grad_norms": losses.grad_norms,
+        "world_size": args.world_size,
+        "digest": parameters_digest(trainer),
+    }
     if trainer.checkpointing.background is not None:  # the last save's host copy, and the guard's estimate of it
         saves = trainer.checkpointing
         record["staged"] = [saves.background.staged_total, saves.staged_estimate]
@@ -104,6 +113,8 @@ def main(
     record["optimizer"] = type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__
     record["gradient_checkpointing"] = trainer.model.is_gradient_checkpointing
     probe = data[:2]
+    if trainer.get_sp_size() > 1:  # Ulysses is off in eval mode (sp_disable_in_eval): each rank runs the whole probe
+        trainer.model_wrapped.eval()
     with torch.no_grad():  # every rank takes part (ZeRO-3 gathers the weights for the forward)
         logits = trainer.model_wrapped(input_ids=probe.to(args.device)).logits.float().cpu()
     if args.process_index == 0:
@@ -118,8 +129,9 @@ def main(
 if __name__ == "__main__":
     optim = sys.argv.pop(sys.argv.index("--optim") + 1) if "--optim" in sys.argv else "adamw_torch"
     checkpointing = "--gradient_checkpointing" in sys.argv
-    sys.argv = [a for a in sys.argv if a not in ("--optim", "--gradient_checkpointing")]
+    sp = int(sys.argv.pop(sys.argv.index("--sp") + 1)) if "--sp" in sys.argv else 1
+    sys.argv = [a for a in sys.argv if a not in ("--optim", "--gradient_checkpointing", "--sp")]
     deepspeed_config = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
     save = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     resume = len(sys.argv) > 5 and sys.argv[5] == "resume"
-    main(sys.argv[1], int(sys.argv[2]), deepspeed_config, save, resume, optim, checkpointing)
+    main(sys.argv[1], int(sys.argv[2]), deepspeed_config, save, resume, optim, checkpointing, sp)

@@ -160,6 +160,7 @@ def test_the_configs_cover_the_documented_setups():
         "two_nodes",
         "cpu_2proc",
         "cpu_2proc_fsdp2",
+        "cpu_2proc_sp",
     }
 
 
