@@ -4,8 +4,9 @@ A launcher that restarts failed workers (`torchrun --max-restarts N`, `accelerat
 the same command again and says which attempt it is (`TORCHELASTIC_RESTART_COUNT`). Each attempt is a line in
 `OUTPUT_DIR/recovery/attempts.json`, written by rank 0: when it started, the step it resumed from, the step it
 reached, how it ended and on which rank. Rank 0 writes its own end at once (`finished`, `exception: <type>:
-<message>`, `hang: ...` from the watchdog); at the next start it settles the previous attempt from what every rank
-left (`close_previous`, from `Evidence`): the ranks' own failure notes, the watchdog's heartbeats (the step) and
+<message>`, `hang: ...` from the watchdog); once rank 0 is gone, the attempt's recorder (recorder.py) settles it
+from what every rank left, and so does the next start (`close_previous`, from `Evidence`, `gather_evidence`; under
+the record's lock, `locked`): the ranks' own failure notes, the watchdog's heartbeats (the step) and
 its SIGTERM stacks files (one left empty: a rank killed with no word, as by SIGKILL, the OOM killer or a lost
 node; filled: a rank the launcher ended after another failed). A rank's own error or hang is the cause; failing
 that, a rank killed with no word, not the survivors whose collectives then failed ("connection closed by peer").
@@ -20,10 +21,12 @@ Written by hand: torchelastic keeps no record of why a worker failed beyond its 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -117,6 +120,22 @@ def read_attempts(output_dir: str | os.PathLike) -> list[Attempt]:
     return [Attempt(**row) for row in rows if isinstance(row, dict)]
 
 
+@contextlib.contextmanager
+def locked(output_dir: str | os.PathLike) -> Iterator[None]:
+    """The record's lock, held around each read-modify-write: rank 0 of an attempt and the previous attempt's
+    recorder (recorder.py) may settle it at once. Where the file system has no locks, unlocked."""
+    folder = recovery_folder(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".attempts.lock", "a") as handle:
+        try:
+            import fcntl
+
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except (ImportError, OSError):  # Windows, or a file system without flock
+            pass
+        yield  # the lock goes with the file's close
+
+
 def write_attempts(output_dir: str | os.PathLike, attempts: list[Attempt]) -> None:
     folder = recovery_folder(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -133,6 +152,49 @@ class Evidence:
     killed: dict[int, int]  # rank -> its last heartbeat step: ranks that ended with no word and no SIGTERM
     steps: list[int]  # the steps of every heartbeat of the attempt
     last_seen: float | None  # the newest heartbeat's time
+
+
+def heartbeat_path(folder: Path, rank: int) -> Path:
+    return Path(folder) / f"heartbeat-rank{rank}.json"
+
+
+def read_heartbeats(folder: Path) -> dict[int, dict]:
+    beats = {}
+    for path in Path(folder).glob("heartbeat-rank*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            beat = json.loads(path.read_text(encoding="utf-8"))
+            beats[int(beat["rank"])] = beat
+    return beats
+
+
+TERMINATED = re.compile(r"stacks-rank(\d+)-attempt(\d+)-step(\d+)-terminated\.txt")
+
+
+def read_terminated_stacks(folder: Path, attempt: int) -> dict[int, tuple[int, int]]:
+    """The SIGTERM stacks files an attempt left: rank -> (the step in its name, its size; 0: the rank ended with
+    no SIGTERM and no clean stop, as a SIGKILL ends it)."""
+    found = {}
+    for path in Path(folder).glob("stacks-rank*-attempt*-terminated.txt"):
+        match = TERMINATED.fullmatch(path.name)
+        if match and int(match[2]) == attempt:
+            with contextlib.suppress(OSError):
+                found[int(match[1])] = (int(match[3]), path.stat().st_size)
+    return found
+
+
+def gather_evidence(folder: Path, attempt: int, consume: bool) -> Evidence:
+    """What the ranks of attempt number `attempt` left in the recovery folder; `consume`: the failure notes are
+    removed once read (the next attempt's start; the recorder leaves them for it)."""
+    notes = []
+    for path in Path(folder).glob("failed-rank*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            notes.append(json.loads(path.read_text(encoding="utf-8")))
+        if consume:
+            path.unlink(missing_ok=True)
+    beats = [b for b in read_heartbeats(folder).values() if b.get("attempt") == attempt]
+    killed = {rank: step for rank, (step, size) in read_terminated_stacks(folder, attempt).items() if size == 0}
+    seen = [b["time"] for b in beats if isinstance(b.get("time"), (int, float))]
+    return Evidence(notes, killed, [b["step"] for b in beats], max(seen, default=None))
 
 
 def close_previous(attempts: list[Attempt], evidence: Evidence) -> None:

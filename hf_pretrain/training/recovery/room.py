@@ -4,11 +4,12 @@ phases (saves, evaluations) that goodput and the watchdog time.
 - `start(checkpoint, saved, callbacks)` at each `train()`: rank 0 settles the previous attempt's record from what
   its ranks left (`attempts.py`) and opens this one; every rank then refuses a restart loop (`RestartLoopError`),
   hands goodput how the attempt began (a checkpoint of another output folder starts this run's counters anew: it
-  is no restart of this run), and starts the watchdog (`watchdog.py`).
+  is no restart of this run), and starts the watchdog (`watchdog.py`); rank 0 starts the attempt's recorder with
+  it (`recorder.py`: it settles the record once rank 0 is gone, a launch that nothing restarts included).
 - `phase(kind)`: a save (`checkpoint`) or an evaluation (`eval`): the watchdog's floor applies, goodput counts it.
 - `finish(error)`: how the attempt ended, written down: any rank's own failure in a note of its own (read by rank 0
-  at the next start), rank 0's also in the record at once (so an attempt no launcher restarts has its end); the
-  watchdog stops. The watchdog's hang is written the same way before it exits.
+  at the next start and by the recorder), rank 0's also in the record at once; the watchdog stops, the recorder is
+  released. The watchdog's hang is written the same way before it exits.
 `RecoveryCallback` beats the watchdog at each optimizer step and owns the arguments' defaults. The watchdog's
 floor defaults to `ddp_timeout` less `COLLECTIVE_MARGIN_S`, and no timeout may reach past that (watchdog.py).
 """
@@ -17,9 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import time
 from pathlib import Path
+
+from transformers.utils import logging
 
 from ...callback import PretrainCallback
 from ...telemetry.goodput import GoodputCallback
@@ -27,10 +31,11 @@ from ..processes import wait_for_everyone
 from .attempts import (
     REFUSED,
     Attempt,
-    Evidence,
     RestartLoopError,
     begin_attempt,
     close_previous,
+    gather_evidence,
+    locked,
     no_progress,
     read_attempts,
     recovery_folder,
@@ -38,7 +43,10 @@ from .attempts import (
     restarts_allowed,
     write_attempts,
 )
-from .watchdog import COLLECTIVE_MARGIN_S, HangWatchdog, WatchdogSettings, read_heartbeats, read_terminated_stacks
+from .recorder import Recorder
+from .watchdog import COLLECTIVE_MARGIN_S, HangWatchdog, WatchdogSettings
+
+logger = logging.get_logger(__name__)
 
 
 class RecoveryCallback(PretrainCallback):
@@ -85,6 +93,15 @@ def watchdog_settings(settings: dict, ddp_timeout: float) -> WatchdogSettings:
     return WatchdogSettings(settings["hang_timeout_factor"], settings["hang_timeout_min_s"], floor, 1.0, ddp_timeout)
 
 
+def start_recorder(output_dir: str, attempt: int) -> Recorder | None:
+    """The attempt's recorder (recorder.py); None, said once, where no process can be started."""
+    try:
+        return Recorder(output_dir, attempt)
+    except OSError as error:
+        logger.warning(f"The attempt's recorder did not start ({error}): a rank killed is recorded at the next start.")
+        return None
+
+
 def made_here(checkpoint: str | None, output_dir: str) -> bool:
     """Whether a checkpoint is one of this output folder's (not another run's it resumes from)."""
     return checkpoint is not None and Path(checkpoint).resolve().parent == Path(output_dir).resolve()
@@ -99,6 +116,7 @@ class Recovery:
         self.watchdog: HangWatchdog | None = None
         self.goodput: GoodputCallback | None = None
         self.attempt: Attempt | None = None
+        self.recorder: Recorder | None = None
 
     @property
     def folder(self) -> Path:
@@ -112,10 +130,11 @@ class Recovery:
         trainer = self.trainer
         main = trainer.is_world_process_zero()
         if main:
-            attempts = read_attempts(trainer.args.output_dir)
-            self._close_previous(attempts)
-            begin_attempt(attempts, checkpoint_step(checkpoint))
-            write_attempts(trainer.args.output_dir, attempts)
+            with locked(trainer.args.output_dir):
+                attempts = read_attempts(trainer.args.output_dir)
+                close_previous(attempts, gather_evidence(self.folder, len(attempts) - 1, consume=True))
+                begin_attempt(attempts, checkpoint_step(checkpoint))
+                write_attempts(trainer.args.output_dir, attempts)
         wait_for_everyone(trainer.accelerator)
         attempts = read_attempts(trainer.args.output_dir)
         self.attempt = attempts[-1] if attempts else None
@@ -136,6 +155,8 @@ class Recovery:
             counters = saved.get("goodput") if made_here(checkpoint, trainer.args.output_dir) else None
             self.goodput.resume(counters, failed, previous and previous.end_time)
         if self.watchdog_settings is not None:
+            if main and os.name == "posix":
+                self.recorder = start_recorder(trainer.args.output_dir, len(attempts) - 1)
             self.watchdog = HangWatchdog(
                 self.folder,
                 trainer.args.process_index,
@@ -174,6 +195,9 @@ class Recovery:
         elif not isinstance(error, RestartLoopError):
             first = str(error).splitlines()[0][:300] if str(error) else ""
             self._note_failure(f"exception: {type(error).__name__}: {first}", step)
+        if self.recorder is not None:  # rank 0's end is written: the recorder may settle the attempt
+            self.recorder.release()
+            self.recorder = None
         self.goodput = None
 
     # The record
@@ -189,22 +213,9 @@ class Recovery:
                 self._record_end(reason, step, failed_rank=0)
 
     def _record_end(self, ended: str, step: int, failed_rank: int | None = None) -> None:
-        attempts = read_attempts(self.trainer.args.output_dir)
-        if attempts:
-            last = attempts[-1]
-            last.ended, last.last_step, last.end_time, last.failed_rank = ended, step, time.time(), failed_rank
-            write_attempts(self.trainer.args.output_dir, attempts)
-
-    def _close_previous(self, attempts: list[Attempt]) -> None:
-        """The previous attempt's end, from what its ranks left (rank 0, before this attempt's ranks start)."""
-        notes = []
-        for path in self.folder.glob("failed-rank*.json"):
-            with contextlib.suppress(OSError, ValueError):
-                notes.append(json.loads(path.read_text(encoding="utf-8")))
-            path.unlink(missing_ok=True)
-        previous = len(attempts) - 1  # the watchdog's attempt number of the previous attempt
-        beats = [b for b in read_heartbeats(self.folder).values() if b.get("attempt") == previous]
-        stacks = read_terminated_stacks(self.folder, previous)
-        killed = {rank: step for rank, (step, size) in stacks.items() if size == 0}
-        seen = [b["time"] for b in beats if isinstance(b.get("time"), (int, float))]
-        close_previous(attempts, Evidence(notes, killed, [b["step"] for b in beats], max(seen, default=None)))
+        with locked(self.trainer.args.output_dir):
+            attempts = read_attempts(self.trainer.args.output_dir)
+            if attempts:
+                last = attempts[-1]
+                last.ended, last.last_step, last.end_time, last.failed_rank = ended, step, time.time(), failed_rank
+                write_attempts(self.trainer.args.output_dir, attempts)

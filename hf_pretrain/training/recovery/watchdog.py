@@ -41,7 +41,6 @@ import contextlib
 import faulthandler
 import json
 import os
-import re
 import signal
 import socket
 import statistics
@@ -53,6 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformers.utils import logging
+
+from .attempts import heartbeat_path
 
 logger = logging.get_logger(__name__)
 
@@ -87,34 +88,6 @@ class WatchdogSettings:
     def cap_s(self) -> float | None:
         """The longest any timeout may be: before NCCL's watchdog (or gloo's timeout) ends a collective."""
         return None if self.collective_timeout_s is None else self.collective_timeout_s - COLLECTIVE_MARGIN_S
-
-
-def heartbeat_path(folder: Path, rank: int) -> Path:
-    return folder / f"heartbeat-rank{rank}.json"
-
-
-def read_heartbeats(folder: Path) -> dict[int, dict]:
-    beats = {}
-    for path in folder.glob("heartbeat-rank*.json"):
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            beat = json.loads(path.read_text(encoding="utf-8"))
-            beats[int(beat["rank"])] = beat
-    return beats
-
-
-TERMINATED = re.compile(r"stacks-rank(\d+)-attempt(\d+)-step(\d+)-terminated\.txt")
-
-
-def read_terminated_stacks(folder: Path, attempt: int) -> dict[int, tuple[int, int]]:
-    """The SIGTERM stacks files an attempt left: rank -> (the step in its name, its size; 0: the rank ended with
-    no SIGTERM and no clean stop, as a SIGKILL ends it)."""
-    found = {}
-    for path in folder.glob("stacks-rank*-attempt*-terminated.txt"):
-        match = TERMINATED.fullmatch(path.name)
-        if match and int(match[2]) == attempt:
-            with contextlib.suppress(OSError):
-                found[int(match[1])] = (int(match[3]), path.stat().st_size)
-    return found
 
 
 def flight_recorder_environment(output_dir: str | os.PathLike | None) -> dict[str, str]:
