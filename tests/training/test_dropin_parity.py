@@ -294,14 +294,24 @@ def test_resume_with_another_batch_size_warns_and_does_what_trainer_does(tmp_pat
     assert_same_run(resumed["p"], resumed["t"])
 
 
-def test_the_entries_added_to_output_dir_are_the_documented_ones(tmp_path):
-    """transformers' TrainerBestModelTest counts the entries of output_dir: ours beside Trainer's are exactly the
-    run records docs/telemetry.md lists and argues for, nothing else."""
+def test_after_load_best_model_at_end_output_dir_holds_trainers_entries_and_the_documented_records(tmp_path):
+    """A user listing output_dir after load_best_model_at_end finds Trainer's checkpoints and the run records
+    docs/telemetry.md argues for (transformers writes its own run logs under output_dir too); with
+    pretrain_extras=False, the listing of Trainer exactly."""
+    from hf_pretrain import PretrainingArguments
+
+    best = dict(num_train_epochs=2, eval_strategy="epoch", save_strategy="epoch", load_best_model_at_end=True)
     listed = {}
-    for trainer_cls in (Trainer, PretrainTrainer):
-        out = tmp_path / trainer_cls.__name__
-        train(trainer_cls, regression_model(), out, regression_rows(), num_train_epochs=2, save_strategy="epoch")
-        listed[trainer_cls] = {p.name for p in out.iterdir()}
-    assert listed[Trainer] == {"checkpoint-8", "checkpoint-16"}
-    assert listed[PretrainTrainer] - listed[Trainer] == {"telemetry.jsonl", "recovery"}  # docs/telemetry.md
-    assert listed[Trainer] <= listed[PretrainTrainer]
+    for name, trainer_cls, arguments in (
+        ("trainer", Trainer, plain_args),
+        ("ours", PretrainTrainer, plain_args),
+        ("ours-no-extras", PretrainTrainer, lambda out, **kw: PretrainingArguments(out, pretrain_extras=False, **kw)),
+    ):
+        out = tmp_path / name
+        args = arguments(out, report_to="none", use_cpu=True, disable_tqdm=True, **best)
+        data = regression_rows()
+        trainer_cls(model=regression_model(), args=args, train_dataset=data, eval_dataset=data).train()
+        listed[name] = {p.name for p in out.iterdir()}
+    assert listed["trainer"] == {"checkpoint-8", "checkpoint-16"}
+    assert listed["ours"] - listed["trainer"] == {"telemetry.jsonl", "recovery"}  # docs/telemetry.md
+    assert listed["ours-no-extras"] == listed["trainer"]
