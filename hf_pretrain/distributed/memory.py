@@ -9,7 +9,13 @@ config (no model is built), so it prices a 7B on a laptop:
   plus DeepSpeed's fp32 gradient partition inside the step and the one unit ZeRO-3 / FSDP2 gather in full;
 - activations: what this model's autograd graph saves per token and layer (Korthikanti et al. 2022 count a
   GPT layer; this one has RMSNorm, RoPE, GQA, SwiGLU), with full or every-k-th-layer checkpointing;
-- the loss: the fp32 logits, log-probabilities and their gradients, or one chunk of them (the chunked loss).
+- the loss: the fp32 logits, log-probabilities and their gradients, or one chunk of them (the chunked loss);
+- sequence parallelism (DeepSpeed Ulysses, `sp`): each rank holds the activations and the loss of its 1/sp of the
+  sequence; the attention's all-to-all hands it the whole sequence for 1/sp of the heads, the same bytes (more
+  where `sp` exceeds the key/value heads, which Ulysses then repeats). While one layer's exchange runs its shard's
+  q, k, v are alive beside the exchanged ones: not priced, as that layer's MLP has saved nothing yet (forward) or
+  already freed what it saved (backward), more than those buffers (measured: benchmarks/sequence_parallel.py).
+  Weights and optimizer states do not change (ZeRO-3 shards them over all the ranks, `gpus`).
 `total` adds the larger of (activations + loss + gathered unit) and the step's fp32 gradient partition (never
 alive together). The formulas, their derivation, the real runs that checked them, what is left out: docs/memory.md.
 """
@@ -62,6 +68,7 @@ class MemoryEstimate:
     chunked_loss: bool = True  # the loss from the hidden states in chunks (modeling/loss.py), no full logits
     fsdp2: bool = False  # FSDP2 (fully_shard) rather than DeepSpeed ZeRO-3 (docs/memory.md)
     attention_mask: int = 0  # dense s x s masks of SDPA layers (`attention_mask_bytes`)
+    sp: int = 1  # sequence-parallel (Ulysses) degree: each rank holds 1/sp of every sequence's activations
 
     @property
     def model_states(self) -> int:
@@ -108,14 +115,17 @@ def _norm_bytes_per_token(h: int, e: int) -> int:
 
 
 def layer_activation_bytes_per_token(
-    config, seq_len: int, precision: str = "bf16", flash_attention: bool = True, kind: str = "dense"
+    config, seq_len: int, precision: str = "bf16", flash_attention: bool = True, kind: str = "dense", sp: int = 1
 ):
     """Bytes one decoder layer saves for backward, per token (docs/memory.md, "Activations"). An MoE layer saves
     the SwiGLU intermediates of its k experts per token plus the fp32 router logits (dispatch indices and
-    gathered copies of the tokens are left out: approximate)."""
+    gathered copies of the tokens are left out: approximate). Under sequence parallelism `sp` (per token of a
+    rank's shard; `seq_len` is the whole sequence) the attention keeps the whole sequence of 1/sp of the heads:
+    the same bytes per token, except keys and values where `sp` exceeds their heads (`ulysses_kv_width`)."""
     e = BYTES_PER_PARAMETER[precision][3]
     h, inter, heads = config.hidden_size, config.intermediate_size, config.num_attention_heads
     q, k = attention_widths(config)
+    k = ulysses_kv_width(config, sp)
     norms = 2 * _norm_bytes_per_token(h, e)
     if flash_attention:
         attention = e * (2 * q + 2 * k) + 4 * heads  # q, k, v, output; fp32 log-sum-exp per head
@@ -128,6 +138,15 @@ def layer_activation_bytes_per_token(
     return norms + attention + 4 * e * inter
 
 
+def ulysses_kv_width(config, sp: int = 1) -> int:
+    """The key (or value) width one token of a rank's shard costs in attention under Ulysses SP: the model's,
+    unless `sp` exceeds the key/value heads; then DeepSpeed repeats them so that each rank receives one head
+    (`kv_replication_factor`), `sp x head_dim` per token of the shard."""
+    k = attention_widths(config)[1]
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return k if sp <= kv_heads else sp * head_dim(config)
+
+
 def activation_bytes(
     config,
     seq_len: int,
@@ -135,8 +154,10 @@ def activation_bytes(
     precision: str = "bf16",
     checkpointing: bool | int = False,
     flash_attention: bool = True,
+    sp: int = 1,
 ) -> int:
-    """Peak saved-for-backward bytes of the decoder stack (embedding output to the final norm), one micro-batch.
+    """Peak saved-for-backward bytes of the decoder stack (embedding output to the final norm), one micro-batch,
+    per rank: under sequence parallelism `sp` each rank holds `seq_len / sp` tokens of each row.
 
     `checkpointing`: False, True (every layer) or k (every k-th layer, layers 0, k, 2k, ...: transformers'
     `every_n_layers`). A checkpointed layer keeps only its input (e*h per token) from forward to backward and
@@ -145,9 +166,9 @@ def activation_bytes(
     every-2 and every-3 checkpointing).
     """
     e = BYTES_PER_PARAMETER[precision][3]
-    tokens = seq_len * micro_batch
+    tokens = seq_len * micro_batch // sp
     layers = [
-        layer_activation_bytes_per_token(config, seq_len, precision, flash_attention, kind) * tokens
+        layer_activation_bytes_per_token(config, seq_len, precision, flash_attention, kind, sp) * tokens
         for kind in mlp_kinds(config)
     ]
     every = int(checkpointing)  # True -> 1 (every layer), False -> 0 (none)
@@ -158,7 +179,7 @@ def activation_bytes(
     inputs = len(recomputed) * e * config.hidden_size * tokens
     stack = sum(kept) + inputs + max(recomputed, default=0)
     final_norm = _norm_bytes_per_token(config.hidden_size, e) * tokens
-    rope = 2 * seq_len * head_dim(config) * e
+    rope = 2 * seq_len // sp * head_dim(config) * e  # cos and sin of this rank's positions
     return stack + final_norm + rope
 
 
@@ -203,6 +224,7 @@ def estimate_memory(
     model: str | None = None,
     fsdp2: bool = False,
     dense_mask_layers: int = 0,
+    sp: int = 1,
 ) -> MemoryEstimate:
     """Per-GPU bytes of training `config` with ZeRO stage `zero` over `gpus` GPUs (formulas: docs/memory.md).
 
@@ -210,6 +232,8 @@ def estimate_memory(
     (`hf_pretrain/chips.py`: e.g. "H100", "A100-40GB", or `torch.cuda.get_device_name()`); `device_memory_gb`
     (GiB, the unit card names use) overrides it. `fsdp2=True` (with `zero=3`) prices FSDP2's layout instead
     of DeepSpeed's. `dense_mask_layers`: layers whose kernel reads a dense s x s mask (`attention_mask_bytes`).
+    `sp`: the Ulysses sequence-parallel degree (a divisor of `gpus` and of `seq_len`): activations and the loss
+    per rank of 1/sp of each sequence; `gpus` stays every rank (ZeRO-3 shards over them all).
     """
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"zero={zero!r} is invalid: use a ZeRO stage 0, 1, 2 or 3.")
@@ -227,6 +251,8 @@ def estimate_memory(
     seq_len = seq_len or config.max_position_embeddings
     if seq_len < 1 or micro_batch < 1:
         raise ValueError(f"seq_len={seq_len} and micro_batch={micro_batch} must be positive.")
+    if not isinstance(sp, int) or sp < 1 or gpus % sp or seq_len % sp:
+        raise ValueError(f"sp={sp!r} is invalid: it must divide gpus={gpus} and seq_len={seq_len}.")
 
     weight, grad, optim, _ = BYTES_PER_PARAMETER[precision]
     psi = count_parameters(config)
@@ -296,16 +322,17 @@ def estimate_memory(
         parameters=parameters,
         gradients=gradients,
         optimizer_states=optimizer_states,
-        activations=activation_bytes(config, seq_len, micro_batch, precision, checkpointing, flash_attention),
-        logits=logits_bytes(config, seq_len, micro_batch, chunked_loss),
+        activations=activation_bytes(config, seq_len, micro_batch, precision, checkpointing, flash_attention, sp),
+        logits=logits_bytes(config, seq_len // sp, micro_batch, chunked_loss),  # the loss of this rank's shard
         chunked_loss=chunked_loss,
         fsdp2=fsdp2,
         attention_mask=attention_mask_bytes(seq_len, micro_batch, precision, dense_mask_layers),
+        sp=sp,
         zero3_gathered=zero3_gathered,
         cpu_bytes=cpu_bytes,
         gradient_partition_fp32=gradient_partition_fp32,
         num_layers=config.num_hidden_layers,
-        layer_bytes_per_token=layer_activation_bytes_per_token(config, seq_len, precision, flash_attention),
+        layer_bytes_per_token=layer_activation_bytes_per_token(config, seq_len, precision, flash_attention, sp=sp),
         device=device if device_memory_gb is None else f"{device or 'device'} ({device_memory_gb:g} GiB)",
         device_bytes=device_bytes,
         notes=notes,

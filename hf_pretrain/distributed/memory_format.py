@@ -23,7 +23,7 @@ def format_estimate(estimate: MemoryEstimate) -> str:
     optim_what = "fp32 master, Adam m, v" if optim == 12 else "Adam m, v"
     if est.fsdp2:
         optim_what += "; the fp32 shards are the master"
-    tokens = f"{est.seq_len} x {est.micro_batch}"
+    tokens = f"{est.seq_len} x {est.micro_batch}" if est.sp == 1 else f"{est.seq_len}/{est.sp} x {est.micro_batch}"
     if est.checkpointing is True:
         activations = f"L x {tokens} x {e} B x h (layer inputs) + one layer"
     elif est.checkpointing:
@@ -66,7 +66,8 @@ def format_estimate(estimate: MemoryEstimate) -> str:
     head = (
         f"{est.model}: {est.num_parameters / 1e9:.3f} B parameters (Psi), {est.precision}, "
         f"{'FSDP2' if est.fsdp2 else f'ZeRO-{est.zero}'} over {n} GPU"
-        f"{'s' if n > 1 else ''}{', CPU offload' if est.offload else ''}\n"
+        f"{'s' if n > 1 else ''}{', CPU offload' if est.offload else ''}"
+        f"{f', Ulysses SP {est.sp} (1/{est.sp} of each sequence per GPU)' if est.sp > 1 else ''}\n"
         f"sequence {est.seq_len} x micro-batch {est.micro_batch}, "
         f"{'flash attention' if est.flash_attention else 'no flash attention'}, "
         f"{_checkpointing_label(est.checkpointing)}\n"

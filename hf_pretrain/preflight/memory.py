@@ -44,11 +44,12 @@ class RunShape:
     flash_attention: bool = True
     dense_mask_layers: int = 0
     offload: bool = False
+    sp: int = 1  # Ulysses sequence parallelism: each rank holds 1/sp of every sequence
 
     @classmethod
     def of_run(cls, args, config, plan: dict, seq_len: int, micro_batch: int | None = None, **sharding) -> RunShape:
         """A run's shape from its `TrainingArguments`, its attention plan (`kernel_memory`) and sequence length;
-        `sharding`: `zero`, `fsdp2`, `offload` (none: DDP or one process)."""
+        `sharding`: `zero`, `fsdp2`, `offload`, `sp` (none: DDP or one process)."""
         micro_batch = micro_batch or args.per_device_train_batch_size
         checkpointing = bool(args.gradient_checkpointing)
         kernels = kernel_memory(config, plan)
@@ -69,6 +70,7 @@ class RunShape:
             flash_attention=self.flash_attention,
             fsdp2=self.fsdp2,
             dense_mask_layers=self.dense_mask_layers,
+            sp=self.sp,
         )
 
 
@@ -170,7 +172,9 @@ class MemoryCheck:
         seq = seq // 2 if seq == shape.seq_len else seq
         for batch in dict.fromkeys((shape.micro_batch, 1)):
             s = seq
-            while s >= 64 and replace(shape, seq_len=s, micro_batch=batch).estimate(self.config).total > self.free:
+            while s >= 64 and (
+                s % shape.sp or replace(shape, seq_len=s, micro_batch=batch).estimate(self.config).total > self.free
+            ):  # under SP only lengths it divides
                 s //= 2
             if s >= 64:
                 need = replace(shape, seq_len=s, micro_batch=batch).estimate(self.config).total
@@ -192,7 +196,8 @@ class MemoryCheck:
         detail = ", ".join(f"{name} {value / GiB:.2f}" for name, value in parts if value)
         shape = self.shape
         head = (
-            f"memory preflight: sequences of {shape.seq_len} tokens x micro-batch {shape.micro_batch} "
+            f"memory preflight: sequences of {shape.seq_len} tokens"
+            f"{f' (1/{shape.sp} per rank, Ulysses SP)' if shape.sp > 1 else ''} x micro-batch {shape.micro_batch} "
             f"({shape.precision}{', activation checkpointing' if shape.checkpointing else ''}) need about "
             f"{self.need / GiB:.1f} GiB per process ({detail} GiB; hf_pretrain.distributed.memory), "
             f"{self.free / GiB:.1f} GiB free ({self.where})"

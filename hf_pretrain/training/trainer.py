@@ -78,6 +78,7 @@ class PretrainTrainer(TrainerPrivateOverrides):
         self.extras = getattr(self.args, "pretrain_extras", True)
         self.attention_report: AttentionReport | None = None
         self.precision_report = None
+        self.memory_check = None  # the memory preflight's estimate against what is free (train() fills it)
         self.loss_guard = None
         self.tokens = TokenCounter(self)
         self.data_position = DataPosition(self)
@@ -125,7 +126,7 @@ class PretrainTrainer(TrainerPrivateOverrides):
             return super().train(resume_from_checkpoint, *args, **kwargs)
         self.run_attention_preflight()
         check_attention_plan(self)  # under SP: every layer on the kernel Ulysses wraps
-        memory_preflight_for(self)
+        self.memory_check = memory_preflight_for(self)
         self.checkpointing.clear_interrupted()
         checkpoint = self.checkpointing.resolve(resume_from_checkpoint)
         saved = read_run_state(checkpoint) if checkpoint else {}

@@ -164,7 +164,8 @@ def memory_preflight_for(trainer) -> MemoryCheck | None:
             return None  # FSDP's CPU offload is not modelled by the estimator
         zero, fsdp2 = 3, True
     plan = {row.layer_type: row for row in report.rows}
-    shape = RunShape.of_run(args, model.config, plan, seq_len, micro, zero=zero, fsdp2=fsdp2, offload=offload)
+    sp = trainer.get_sp_size()  # Ulysses (sequence_parallel.py, pinned before this runs): 1/sp of each sequence
+    shape = RunShape.of_run(args, model.config, plan, seq_len, micro, zero=zero, fsdp2=fsdp2, offload=offload, sp=sp)
     check = check_memory(model.config, shape, args.device, held=model_bytes(model, args.device))
     main = trainer.is_world_process_zero()
     enforce_memory_policy(check, policy if main or policy == "error" else "ignore", logger.warning)

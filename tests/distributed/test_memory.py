@@ -371,3 +371,23 @@ def test_estimate_matches_deepspeeds_live_tensors(stage):
         assert seen["step"] == pytest.approx(estimate["model_states"], rel=0.05)
     else:  # ZeRO-2 frees its 16-bit partition gradients as it builds the fp32 ones: the estimate is an upper bound
         assert seen["step"] <= estimate["model_states"] <= 1.1 * seen["step"]
+
+
+def test_sequence_parallelism_divides_activations_and_loss_not_model_states():
+    """Ulysses SP: each rank holds 1/sp of every sequence (the attention's whole sequence of 1/sp of the heads is the
+    same bytes), weights and optimizer states as ZeRO-3 over all ranks; keys and values repeated past their heads."""
+    config = seven_b()  # 32 query and key/value heads
+    one = estimate_memory(config, 3, 8, "bf16", 32768, 1)
+    sp8 = estimate_memory(config, 3, 8, "bf16", 32768, 1, sp=8)
+    assert sp8.model_states == one.model_states and sp8.zero3_gathered == one.zero3_gathered
+    assert sp8.activations * 8 == one.activations
+    assert sp8.logits == estimate_memory(config, 3, 8, "bf16", 4096, 1).logits  # the loss of a 4096-token shard
+    assert "Ulysses SP 8" in format_estimate(sp8) and "32768/8 x 1" in format_estimate(sp8)
+    gqa = get_preset("tiny")  # 2 key/value heads: at sp=4 DeepSpeed repeats them, one per rank
+    e, head, tokens = 4, 32, 1024 // 4
+    repeated = activation_bytes(gqa, 1024, 1, "fp32", sp=4) - activation_bytes(gqa, 1024, 1, "fp32") / 4
+    assert repeated == gqa.num_hidden_layers * 2 * e * (4 - 2) * head * tokens  # k and v: 4 heads wide, not 2
+    assert activation_bytes(gqa, 1024, 1, "fp32", sp=2) * 2 == activation_bytes(gqa, 1024, 1, "fp32")
+    for sp, gpus, seq in ((3, 8, 1024), (2, 8, 1023), (0, 8, 1024)):
+        with pytest.raises(ValueError, match=f"sp={sp} is invalid"):
+            estimate_memory(config, 3, gpus, "bf16", seq, 1, sp=sp)
