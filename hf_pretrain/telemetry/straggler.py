@@ -25,6 +25,10 @@ step or more later so that nothing stalls; the host clock on a CPU):
   previous step's logging, evaluation or saving), on the device clock: time the device idled.
 
 The rule that names the slow rank, and why it reads two compute measures: `straggler_rule.py`.
+The rule compares every rank with every other, which holds under Ulysses sequence parallelism too: the ranks of an
+SP group train equal shards of the same rows (the same matmuls, the attention of equally many heads over the whole
+sequence) and wait for each other in every attention's all-to-all, so an SP group's ranks do equal work, as DP
+ranks do; a slow one shows as the others' `wait_s`.
 
 Logs at the next logging step after an exchange (rank 0's logs carry every rank):
 `compute_s`, `local_s`, `wait_s`, `data_wait_s`, `step_s` (this rank's medians),

@@ -38,6 +38,12 @@ With an fp8 recipe the attention and the LM head still run in bf16, so both MFUs
 the same run would against a bf16 peak: compare recipes by tokens/s, and MFUs within one recipe.
 With packed documents the real context is shorter than the block, so MFU is a slight
 overestimate there.
+
+Under Ulysses sequence parallelism (`training/sequence_parallel.py`) each rank trains its 1/sp shard of every row:
+the token counts sum the shards over ranks, so each token counts once (the one process's count, checked in
+tests/distributed/test_sequence_parallel.py), and the FLOPs per token are the whole row's (`sequence_length` reads
+the dataset, not the shard: a rank's attention spans the whole sequence of its 1/sp of the heads). A rank does
+1/sp of its rows' work, so tokens/s per rank (over every rank) x FLOPs per token is still each rank's share.
 """
 
 from __future__ import annotations

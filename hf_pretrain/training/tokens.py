@@ -10,6 +10,8 @@ every step for batches without the model's `main_input_name`. `TokenCounter`:
   other than the pad id, else all) for throughput, and reduces the sum over ranks only when
   `tokens_seen()` is read (at a log, where every rank calls it): no sync per micro-batch.
 Batches without `main_input_name` count nothing (a regression model, features instead of tokens).
+Under Ulysses sequence parallelism a micro-batch here is this rank's shard of the rows (the Trainer's loader
+adapter cuts them before `training_step`): both counters sum the shards over the ranks, each token once.
 """
 
 from __future__ import annotations

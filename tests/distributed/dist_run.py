@@ -1,10 +1,12 @@
 """Launched by test_distributed.py (under `accelerate launch` or alone): a short run of the tiny preset.
 
 Usage: python tests/distributed/dist_run.py OUTPUT_DIR PER_DEVICE_BATCH [DEEPSPEED_CONFIG|-] [SAVE_STEPS] [resume]
-       [--optim NAME] [--gradient_checkpointing] [--sp N]
+       [--optim NAME] [--gradient_checkpointing] [--sp N] [--own_token_count]
 Writes OUTPUT_DIR/rank-<r>.json: the per-step losses, a checksum of every parameter (gathered under
-ZeRO-3 and FSDP2) and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model. The
-accelerate config picks DDP or FSDP2 (cpu_2proc.yaml, cpu_2proc_fsdp2.yaml).
+ZeRO-3 and FSDP2), the tokens seen and what the throughput callback would price a token at, the memory
+preflight's estimate and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model. The
+accelerate config picks DDP or FSDP2 (cpu_2proc.yaml, cpu_2proc_fsdp2.yaml). `--own_token_count`: tokens counted
+by `TokenCounter` (include_num_input_tokens_seen="no") instead of the Trainer's counter.
 """
 
 import hashlib
@@ -18,6 +20,8 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from hf_pretrain import PretrainForCausalLM, PretrainTrainer, get_preset
+from hf_pretrain.modeling.accounting import flops_per_token
+from hf_pretrain.telemetry.throughput import sequence_length
 from tests.conftest import quick_args
 
 STEPS, GLOBAL_BATCH, SEQ = 6, 8, 32
@@ -75,6 +79,7 @@ def main(
     optim: str = "adamw_torch",
     gradient_checkpointing: bool = False,
     sp: int = 1,
+    own_token_count: bool = False,
 ):
     torch.manual_seed(0)
     data = torch.randint(3, 500, (GLOBAL_BATCH * STEPS, SEQ), generator=torch.Generator().manual_seed(1))
@@ -92,6 +97,7 @@ def main(
         optim=optim,
         gradient_checkpointing=gradient_checkpointing,
         parallelism_config=ParallelismConfig(sp_size=sp) if sp > 1 else None,
+        **({"include_num_input_tokens_seen": "no"} if own_token_count else {}),
     )
     model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=2))
     losses = Losses()
@@ -105,7 +111,11 @@ def main(
         "grad_norms": losses.grad_norms,
         "world_size": args.world_size,
         "digest": parameters_digest(trainer),
+        "tokens_seen": trainer.tokens_seen(),  # what tokens/s and MFU are computed from (a collective: every rank)
+        "flops_per_token": flops_per_token(model.config, sequence_length(trainer)),  # the MFU's numerator per token
     }
+    if trainer.memory_check is not None:
+        record["memory_estimate"] = trainer.memory_check.shape.estimate(model.config).to_dict()
     if trainer.checkpointing.background is not None:  # the last save's host copy, and the guard's estimate of it
         saves = trainer.checkpointing
         record["staged"] = [saves.background.staged_total, saves.staged_estimate]
@@ -130,8 +140,9 @@ if __name__ == "__main__":
     optim = sys.argv.pop(sys.argv.index("--optim") + 1) if "--optim" in sys.argv else "adamw_torch"
     checkpointing = "--gradient_checkpointing" in sys.argv
     sp = int(sys.argv.pop(sys.argv.index("--sp") + 1)) if "--sp" in sys.argv else 1
-    sys.argv = [a for a in sys.argv if a not in ("--optim", "--gradient_checkpointing", "--sp")]
+    own_count = "--own_token_count" in sys.argv
+    sys.argv = [a for a in sys.argv if a not in ("--optim", "--gradient_checkpointing", "--sp", "--own_token_count")]
     deepspeed_config = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
     save = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     resume = len(sys.argv) > 5 and sys.argv[5] == "resume"
-    main(sys.argv[1], int(sys.argv[2]), deepspeed_config, save, resume, optim, checkpointing, sp)
+    main(sys.argv[1], int(sys.argv[2]), deepspeed_config, save, resume, optim, checkpointing, sp, own_count)

@@ -7,6 +7,12 @@ partial sums, ZeRO-3's reduce-scatter): the curves agree within a few fp32 ulps 
 held to 1e-5 as the DDP and ZeRO-3 runs are. The gradient norms are held too: DeepSpeed scaling the SP group's
 gradients by sp_size (the pitfall transformers' `deepspeed_sp_compute_loss` works around) leaves Adam's losses
 nearly alone under clipping but doubles the norm.
+
+Each rank sees 16 of each row's 32 tokens, so telemetry that counted per rank without reducing over the SP group,
+or reduced the whole batch on every rank, would count each token twice: the tokens seen (what tokens/s and MFU are
+computed from) must equal the one process's, by the Trainer's counter and by `TokenCounter`'s own; the FLOPs per
+token are the whole sequence's (the attention of a rank's heads spans all 32 tokens). The memory preflight prices
+each rank's half of the sequence.
 """
 
 import json
@@ -29,12 +35,25 @@ def assert_follows(records, single, tolerance=1e-5):
             assert abs(records[0][key][step] - value) <= tolerance, (key, step)
 
 
+def assert_counts_each_token_once(records, single):
+    assert single["tokens_seen"] == 6 * 8 * 32  # one process: 6 steps of 8 rows of 32 tokens
+    assert [r["tokens_seen"] for r in records] == [single["tokens_seen"]] * 2
+    assert [r["flops_per_token"] for r in records] == [single["flops_per_token"]] * 2
+
+
 def test_sp2_under_zero3_follows_the_single_process_curve(tmp_path, single):
-    """`parallelism_config=ParallelismConfig(sp_size=2)` as an argument, under torchrun."""
+    """`parallelism_config=ParallelismConfig(sp_size=2)` as an argument, under torchrun; tokens counted by
+    `TokenCounter` (the launch-config test below: by the Trainer's counter)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port"]
-    command += [str(free_port()), str(SCRIPT), str(tmp_path), "8", ZERO3, "0", "-", "--sp", "2"]
+    command += [str(free_port()), str(SCRIPT), str(tmp_path), "8", ZERO3, "0", "-", "--sp", "2", "--own_token_count"]
     finish(subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    assert_follows(ranks(tmp_path), single)
+    records = ranks(tmp_path)
+    assert_follows(records, single)
+    assert_counts_each_token_once(records, single)
+    # the preflight's estimate: each rank's activations and loss of 16 tokens a row, the one process's halved
+    sp, whole = records[0]["memory_estimate"], single["memory_estimate"]
+    assert (sp["sp"], sp["zero"], sp["gpus"], whole["sp"]) == (2, 3, 2, 1)
+    assert 2 * sp["activations"] == whole["activations"]
 
 
 @pytest.mark.exhaustive  # two launches: the accelerate launch config's parallelism_config keys, then a resume
@@ -46,6 +65,7 @@ def test_sp2_launch_config_trains_alike_and_resumes_exactly(tmp_path, single):
     finish(launch(*config, out=whole, per_device=8, extra=["-", "3"]))
     records = ranks(whole)
     assert_follows(records, single)
+    assert_counts_each_token_once(records, single)
     shutil.copytree(whole / "checkpoint-3", resumed / "checkpoint-3")
     config[-1] = str(free_port())
     finish(launch(*config, out=resumed, per_device=8, extra=["-", "3", "resume"]))
