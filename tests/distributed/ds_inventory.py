@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 
 from hf_pretrain import PretrainForCausalLM, get_preset
+from hf_pretrain.distributed.live_tensors import live_bytes
 from hf_pretrain.distributed.memory import estimate_memory
 from hf_pretrain.training.processes import leave_process_group
-from tests.distributed.live_tensors import live_bytes
 
 SHAPE = dict(
     hidden_size=256,

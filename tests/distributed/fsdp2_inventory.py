@@ -17,11 +17,11 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import FullyShardedDataParallelPlugin
 
 from hf_pretrain import PretrainForCausalLM, get_preset
+from hf_pretrain.distributed.live_tensors import live_bytes
 from hf_pretrain.distributed.memory import estimate_memory
 from hf_pretrain.training.fsdp import fsdp_on_cpu
 from hf_pretrain.training.processes import leave_process_group
 from tests.distributed.ds_inventory import SHAPE
-from tests.distributed.live_tensors import live_bytes
 
 
 def main(precision: str) -> None:
