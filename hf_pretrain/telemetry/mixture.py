@@ -1,7 +1,8 @@
 """`MixtureCallback`: the realised token share of each source of a data mixture in every training log.
 
 Attached when the training dataset is a `data/mixture.py` `MixtureDataset` (read in its order, so the rows trained
-after `s` optimizer steps are the first `s x per_device_batch x processes x accumulation` of it). Keys, per source
+after `s` optimizer steps are the first `s x per_device_batch x processes x accumulation` of it; under sequence
+parallelism `processes` counts one per SP group, whose ranks share each row). Keys, per source
 NAME of the mixture:
 
 - `mixture/NAME/tokens`: tokens of that source trained so far (all ranks; padding is not counted);
@@ -22,15 +23,19 @@ class MixtureCallback(PretrainCallback):
     def from_arguments(cls, trainer, built=()) -> MixtureCallback | None:
         dataset = trainer.train_dataset
         return (
-            cls(dataset) if hasattr(dataset, "tokens_per_source") and getattr(dataset, "keeps_order", False) else None
+            cls(dataset, trainer.get_sp_size())
+            if hasattr(dataset, "tokens_per_source") and getattr(dataset, "keeps_order", False)
+            else None
         )
 
-    def __init__(self, dataset):
+    def __init__(self, dataset, sp_size: int = 1):
         self.dataset = dataset
+        self.sp_size = sp_size  # the ranks of a sequence-parallel group share each row: one batch a group
         self.samples_per_step = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.samples_per_step = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
+        groups = args.world_size // self.sp_size
+        self.samples_per_step = args.per_device_train_batch_size * groups * args.gradient_accumulation_steps
 
     def metrics_for_log(self, state) -> dict[str, float]:
         tokens = self.dataset.tokens_per_source(state.global_step * self.samples_per_step)

@@ -198,3 +198,28 @@ def test_a_mixture_trains_resumes_exactly_and_logs_its_shares(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "data mixture at step 12: web" in printed and "(target 0.600)" in printed
     assert "Data mixture (step 12)" in (tmp_path / "straight" / "report.html").read_text()
+
+
+def test_under_sequence_parallelism_the_shares_count_one_batch_per_group(tmp_path):
+    """The ranks of an SP group train the same rows (each a part of every row): 2 ranks with sp_size 2 are one
+    data-parallel group, so a step trains 8 rows of the mixture, not 16 (the count a world of 2 would give)."""
+    from types import SimpleNamespace
+
+    from hf_pretrain.telemetry.mixture import MixtureCallback
+
+    config = MixtureConfig(
+        sources={
+            "web": {"path": packed_source(tmp_path, "web", 200, 1), "weight": 0.5},
+            "code": {"path": packed_source(tmp_path, "code", 60, 2), "weight": 0.5},
+        },
+        total_tokens=4_000,
+    )
+    data = MixtureDataset(config)
+    args = SimpleNamespace(per_device_train_batch_size=8, world_size=2, gradient_accumulation_steps=1)
+    state = SimpleNamespace(global_step=3)
+    logged = {}
+    for sp in (1, 2):
+        callback = MixtureCallback(data, sp_size=sp)
+        callback.on_train_begin(args, state, None)
+        logged[sp] = sum(v for k, v in callback.metrics_for_log(state).items() if k.endswith("/tokens"))
+    assert logged[2] == sum(data.tokens_per_source(3 * 8).values()) < logged[1]
