@@ -12,7 +12,8 @@ Each rank sees 16 of each row's 32 tokens, so telemetry that counted per rank wi
 or reduced the whole batch on every rank, would count each token twice: the tokens seen (what tokens/s and MFU are
 computed from) must equal the one process's, by the Trainer's counter and by `TokenCounter`'s own; the FLOPs per
 token are the whole sequence's (the attention of a rank's heads spans all 32 tokens). The memory preflight prices
-each rank's half of the sequence.
+each rank's half of the sequence. The model `save_model` writes after the SP run (ZeRO-3's gathered weights), exported
+by `export_hf`, loads in plain `LlamaForCausalLM` with the one process's logits.
 """
 
 import json
@@ -21,7 +22,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from transformers import LlamaForCausalLM
 
+from hf_pretrain import export_hf
 from tests.distributed.test_distributed import CONFIGS, ENV, ROOT, SCRIPT, ZERO3, finish, free_port, launch, ranks
 
 pytestmark = pytest.mark.distributed
@@ -54,6 +58,21 @@ def test_sp2_under_zero3_follows_the_single_process_curve(tmp_path, single):
     sp, whole = records[0]["memory_estimate"], single["memory_estimate"]
     assert (sp["sp"], sp["zero"], sp["gpus"], whole["sp"]) == (2, 3, 2, 1)
     assert 2 * sp["activations"] == whole["activations"]
+    assert_exports_the_one_process_model(tmp_path, records, single)
+
+
+def assert_exports_the_one_process_model(out, records, single):
+    """save_model's gathered ZeRO-3 weights, exported, load in plain `LlamaForCausalLM` with the SP run's own logits
+    (same weights, same math) and the one process's: its weights come from the same fp32 math in another order, the
+    curve's argument (measured 6.0e-7 on logits of magnitude ~1; held to 1e-5 as the losses are)."""
+    plain = export_hf(out / "model", out / "plain")
+    loaded = LlamaForCausalLM.from_pretrained(plain).eval()
+    assert type(loaded) is LlamaForCausalLM
+    probe = torch.randint(3, 500, (48, 32), generator=torch.Generator().manual_seed(1))[:2]  # dist_run.py's probe
+    with torch.no_grad():
+        logits = loaded(input_ids=probe).logits
+    assert torch.allclose(logits, torch.tensor(records[0]["logits"]), atol=1e-5, rtol=0)
+    assert torch.allclose(logits, torch.tensor(single["logits"]), atol=1e-5, rtol=0)
 
 
 @pytest.mark.exhaustive  # two launches: the accelerate launch config's parallelism_config keys, then a resume
