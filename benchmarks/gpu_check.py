@@ -37,12 +37,10 @@ benchmarks/gpu_wheels.sh builds the wheels to carry to a GPU machine without net
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -51,8 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the checkout travels without being installed; benchmarks/ imports from it
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu.common import DRY, Context, Sizes, Skip, free_memory, transformers_note  # noqa: E402
-from benchmarks.gpu.isolate import run_isolated  # noqa: E402
+from benchmarks.gpu.common import DRY, Sizes  # noqa: E402
+from benchmarks.gpu.isolate import check, run_isolated  # noqa: E402
 
 # The order a 15-minute try runs them in: what settles the most first (the clock every figure rests on, the
 # asynchronous save no GPU has measured yet, MFU, the precision claim), the slow or repeat measurements last.
@@ -70,33 +68,6 @@ CHECKS = {
     "straggler_2proc": 150,
     "telemetry_overhead": 150,
 }
-
-
-def check(name: str):
-    return importlib.import_module(f"benchmarks.gpu.{name}")
-
-
-def run_check(name: str, ctx: Context, before=lambda: None) -> dict:
-    """One check in this process (`isolate.py` runs it in a child of its own); `before` runs inside its `try`."""
-    start = time.perf_counter()
-    goal = "-"
-    try:
-        module = check(name)
-        goal = module.GOAL
-        before()
-        row = module.run(ctx)
-        status = {True: "pass", False: "fail", None: "ran"}[row["pass"]] if name != "env" else "-"
-    except Skip as skip:
-        row, status = {"result": "", "value": None, "pass": None}, f"skipped: {skip}"
-    except ModuleNotFoundError as err:
-        row, status = {"result": "", "value": None, "pass": None}, f"skipped: {err.name} not installed"
-    except Exception as err:  # one check's failure never stops the others
-        trace = traceback.format_exc()
-        row = {"result": "", "value": None, "pass": False, "details": {"traceback": trace[-4000:]}}
-        status = f"error: {type(err).__name__}: {str(err)[:300]} [{transformers_note()}]"
-        print(trace, file=sys.stderr)
-    free_memory()
-    return {"check": name, "goal": goal, **row, "status": status, "seconds": round(time.perf_counter() - start, 1)}
 
 
 def not_run(rows: list[dict]) -> str:

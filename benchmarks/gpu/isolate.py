@@ -20,12 +20,17 @@ every other row's figure intact.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import multiprocessing
 import os
 import signal
+import sys
 import time
+import traceback
 from pathlib import Path
+
+from benchmarks.gpu.common import Context, Skip, free_memory, transformers_note
 
 FAULTS_ENV = "GPU_CHECK_FAULTS"
 
@@ -50,14 +55,40 @@ def child(name: str, device: str, dry_run: bool, workdir: str, out: str) -> None
     os.setsid()
     import torch
 
-    from benchmarks.gpu.common import DRY, Context, Sizes
-    from benchmarks.gpu_check import run_check
+    from benchmarks.gpu.common import DRY, Sizes
 
     ctx = Context(torch.device(device), DRY if dry_run else Sizes(), dry_run, Path(workdir))
     row = run_check(name, ctx, before=lambda: act(injected_fault(name)))
     staged = Path(f"{out}.tmp")
     staged.write_text(json.dumps(row, default=str))
     staged.replace(out)
+
+
+def check(name: str):
+    return importlib.import_module(f"benchmarks.gpu.{name}")
+
+
+def run_check(name: str, ctx: Context, before=lambda: None) -> dict:
+    """One check in this process (`run_isolated` runs it in a child of its own); `before` runs inside its `try`."""
+    start = time.perf_counter()
+    goal = "-"
+    try:
+        module = check(name)
+        goal = module.GOAL
+        before()
+        row = module.run(ctx)
+        status = {True: "pass", False: "fail", None: "ran"}[row["pass"]] if name != "env" else "-"
+    except Skip as skip:
+        row, status = {"result": "", "value": None, "pass": None}, f"skipped: {skip}"
+    except ModuleNotFoundError as err:
+        row, status = {"result": "", "value": None, "pass": None}, f"skipped: {err.name} not installed"
+    except Exception as err:  # one check's failure never stops the others
+        trace = traceback.format_exc()
+        row = {"result": "", "value": None, "pass": False, "details": {"traceback": trace[-4000:]}}
+        status = f"error: {type(err).__name__}: {str(err)[:300]} [{transformers_note()}]"
+        print(trace, file=sys.stderr)
+    free_memory()
+    return {"check": name, "goal": goal, **row, "status": status, "seconds": round(time.perf_counter() - start, 1)}
 
 
 def kill_group(pid: int) -> None:
@@ -92,11 +123,10 @@ def run_isolated(name: str, device: str, dry_run: bool, workdir: Path, timeout_s
 
 def warm_imports() -> None:
     """What every check imports, imported once in the parent of a dry run, so each forked check starts warm (no
-    CUDA is touched by an import)."""
-    import datasets  # noqa: F401
-    import transformers  # noqa: F401
-
-    import hf_pretrain.training.trainer  # noqa: F401
+    CUDA is touched by an import). A package this machine lacks is left to the checks that need it: they skip."""
+    for name in ("transformers", "datasets", "hf_pretrain.training.trainer"):  # the trainer imports datasets
+        with contextlib.suppress(ModuleNotFoundError):
+            importlib.import_module(name)
 
 
 def exit_text(code: int | None) -> str:
