@@ -45,6 +45,9 @@ def cli(argv: list[str]) -> int:
     parser.add_argument(
         "--no-flash-attention", action="store_true", help="a kernel that keeps the s x s softmax (eager)"
     )
+    parser.add_argument(
+        "--sp", type=int, default=1, help="Ulysses sequence-parallel degree: 1/SP of each sequence per GPU (default 1)"
+    )
     parser.add_argument("--device", default=None, help=f"GPU name, one of {known_chips('memory')}")
     parser.add_argument("--device-memory-gb", type=float, default=None, help="device memory in GiB (overrides)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON (bytes)")
@@ -52,6 +55,9 @@ def cli(argv: list[str]) -> int:
     if args.fsdp2 and args.zero not in (0, 3):
         parser.error(f"--fsdp2 shards everything, like ZeRO-3: drop --zero {args.zero}")
     name = args.preset or args.config
+    seq = args.seq or load_config(name).max_position_embeddings
+    if args.sp < 1 or args.gpus % args.sp or seq % args.sp:
+        parser.error(f"--sp {args.sp} must divide --gpus {args.gpus} and the sequence length {seq}")
     estimate = estimate_memory(
         load_config(name),
         3 if args.fsdp2 else args.zero,
@@ -66,6 +72,7 @@ def cli(argv: list[str]) -> int:
         device_memory_gb=args.device_memory_gb,
         model=name,
         fsdp2=args.fsdp2,
+        sp=args.sp,
     )
     print(json.dumps(estimate.to_dict(), indent=2) if args.json else format_estimate(estimate))
     return 1 if estimate.fits is False else 0

@@ -526,3 +526,68 @@ def test_the_planned_launch_trains(tmp_path):
     assert summary["tokens_seen"] > 0 and math.isfinite(summary["train_loss"])
     saved = load_config(str(tmp_path / "run"))
     assert (saved.num_hidden_layers, saved.hidden_size) == (plan.config.num_hidden_layers, plan.config.hidden_size)
+
+
+# Sequence parallelism: 8B is the family's shape with 32 heads / 8 KV (7B's 30 / 15 admit no SP degree of 8 GPUs).
+def _sp_plan(seq_len: int, **kwargs):
+    return make_plan(PlanRequest("h100", gpus=8, params=8e9, tokens=160e9, seq_len=seq_len, **kwargs))
+
+
+def test_sequence_parallel_only_when_the_sequence_fits_no_data_sharding():
+    plan = _sp_plan(131072)
+    usable = plan.usable_bytes
+    alone = estimate_memory(plan.config, 3, 8, "bf16", 131072, 1, checkpointing=True, device_memory_gb=80.0)
+    assert alone.total > usable  # ZeRO-3 + checkpointing alone does not hold the sequence
+    assert plan.sp == 2 and plan.strategy.name == "zero3" and plan.memory.sp == 2
+    assert plan.memory.total <= usable and plan.data_parallel == 4
+    assert plan.global_batch_tokens == 4 * plan.micro_batch * plan.grad_accum * 131072  # rows per SP group
+    assert "Ulysses SP 2" in plan.sp_reason and "8 GPUs per node" in plan.sp_reason
+    assert plan.all_to_all_bytes > 0 and any("not in the predicted tokens/s" in w for w in plan.warnings)
+    for seq_len in (32768, 4096):  # these fit with data sharding (+ checkpointing): no SP
+        assert _sp_plan(seq_len).sp == 1
+    assert make_plan(PlanRequest("h100", gpus=8, params=7e9, tokens=140e9, seq_len=32768)).sp == 1
+
+
+def test_sequence_parallel_refuses_what_sp_refuses():
+    from hf_pretrain.plan.planner import sp_blocker
+
+    with pytest.raises(PlanRefused, match="sliding windows would attend over the whole sequence"):
+        _sp_plan(131072, window_pattern="SSSL", sliding_window=4096)
+    with pytest.raises(PlanRefused, match="runs inside DeepSpeed ZeRO-3: use --sharding deepspeed"):
+        _sp_plan(131072, sharding="fsdp2")
+    with pytest.raises(PlanRefused, match="the 30 heads and the sequence, and the 15 key/value heads"):
+        make_plan(PlanRequest("h100", gpus=8, params=7e9, tokens=140e9, seq_len=131072))
+    moe = get_preset("tiny-moe")
+    assert "MoE's router loss" in sp_blocker(moe, "deepspeed") and sp_blocker(get_preset("tiny"), "deepspeed") is None
+
+
+def test_the_sp_launch_carries_sp_and_the_example_accepts_it(tmp_path):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    out, data = tmp_path / "plan", tmp_path / "corpus.jsonl"
+    data.write_text('{"text": "a document"}\n')
+    write_plan(_sp_plan(131072), out, dataset=str(data))
+    accel = load_config_from_file(str(out / "accelerate_config.yaml"))
+    assert accel.distributed_type.value == "DEEPSPEED" and accel.num_processes == 8
+    assert accel.deepspeed_config["deepspeed_config_file"] == "ds_configs/zero3.json"
+    assert accel.parallelism_config["parallelism_config_sp_size"] == 2
+    assert accel.parallelism_config["parallelism_config_sp_backend"] == "deepspeed"
+    saved = json.loads((out / "plan.json").read_text())
+    assert saved["parallelism"]["sp_size"] == 2 and saved["parallelism"]["all_to_all_priced"] is False
+    example = load_example()
+    model_args, data_args, args = example.parse_args(shlex.split(saved["command"].split("examples/pretrain.py ")[1]))
+    example.check_arguments(model_args, data_args)
+    assert data_args.separate_documents is False and model_args.attention_backend == "sdpa"
+
+
+def test_estimate_memory_takes_sp(capsys):
+    argv = ["estimate-memory", "--preset", "llama2-7b", "--zero", "3", "--gpus", "8", "--seq", "32768", "--json"]
+    cli(argv)
+    alone = json.loads(capsys.readouterr().out)
+    cli([*argv, "--sp", "2"])
+    halved = json.loads(capsys.readouterr().out)
+    assert halved["sp"] == 2 and halved["activations"] < 0.51 * alone["activations"]
+    assert halved["parameters"] == alone["parameters"]  # ZeRO-3 shards the states over all 8 GPUs either way
+    with pytest.raises(SystemExit):
+        cli([*argv, "--sp", "3"])
+    assert "--sp 3 must divide --gpus 8" in capsys.readouterr().err

@@ -7,9 +7,12 @@
 - `accelerate_config.yaml`: the shipped config of the chosen strategy (examples/accelerate_configs/) with
   the plan's processes and machines (and, over several nodes, `two_nodes.yaml`'s rendezvous keys), pointing
   at the shipped DeepSpeed preset (ds_configs/) for ZeRO-2/3: the settings keep one home, the repository's;
+  with sequence parallelism, the `parallelism_config` keys of `cpu_2proc_sp.yaml` (the tested SP launch) with
+  the plan's degree;
 - `launch.sh`: the exact `accelerate launch examples/pretrain.py ...` command (run it on every node with
   MACHINE_RANK set when there are several), with restarts allowed (`--max_restarts`, a rendezvous store per
-  attempt) and `--resume_from_checkpoint auto`, so a failed run resumes by itself.
+  attempt) and `--resume_from_checkpoint auto`, so a failed run resumes by itself; with SP, documents packed
+  GPT-style and SDPA attention (what SP runs: `training/sequence_parallel.py`).
 The launch files are for a checkout of the repository (run from its root), where the example and the
 presets live.
 """
@@ -39,6 +42,8 @@ SOURCES = {
     "peak": "hf_pretrain.chips.CHIPS",
     "checkpoint_interval": CHECKPOINT_SOURCE,
 }
+SP_TEMPLATE = "cpu_2proc_sp.yaml"  # the SP launch the tests run: its parallelism_config keys
+SP_ARGUMENTS = ["--separate_documents", "false", "--attention_backend", "sdpa"]  # what Ulysses SP runs
 MAX_RESTARTS = 3  # launch.sh: the launcher restarts a failed run this many times (each resumes by itself)
 SHAPE_FIELDS = (
     "num_hidden_layers",
@@ -71,6 +76,9 @@ def accelerate_config(plan: Plan) -> dict:
         config["deepspeed_config"]["zero3_init_flag"] = strategy.zero == 3
     if strategy.name == "fsdp2":
         config["fsdp_config"]["fsdp_activation_checkpointing"] = plan.checkpointing
+    if plan.sp > 1:
+        keys = yaml.safe_load((TEMPLATES / SP_TEMPLATE).read_text())["parallelism_config"]
+        config["parallelism_config"] = {**keys, "parallelism_config_sp_size": plan.sp}
     config["rdzv_backend"] = "c10d"  # restarts: a new rendezvous each attempt (with launch.sh's environment)
     if hw.nodes > 1:
         config["same_network"] = False  # c10d's endpoint: main_process_ip:main_process_port
@@ -97,6 +105,8 @@ def launch_command(plan: Plan, out_dir: str, dataset: str, run_dir: str) -> list
     args += ["--resume_from_checkpoint", "auto"]
     if plan.checkpointing and plan.strategy.name != "fsdp2":  # FSDP2 checkpoints through its accelerate config
         args.append("--gradient_checkpointing")
+    if plan.sp > 1:
+        args += SP_ARGUMENTS
     return args
 
 
@@ -134,6 +144,12 @@ def plan_dict(plan: Plan, command: list[str] | None = None) -> dict:
             "accelerate_template": f"examples/accelerate_configs/{plan.strategy.template}",
             "activation_checkpointing": plan.checkpointing,
             "precision": hw.precision,
+            "sp_size": plan.sp,
+            "data_parallel_groups": plan.data_parallel,
+            "sp_reason": plan.sp_reason,
+            "all_to_all_bytes_per_gpu_step": plan.all_to_all_bytes,
+            "all_to_all_priced": False,
+            "tensor_parallel": "not planned: not wired into the Trainer yet",
         },
         "memory": {**mem.to_dict(), "usable_bytes": plan.usable_bytes},
         "schedule": {"type": plan.schedule, "peak_lr": plan.peak_lr, "lr_scheduler_kwargs": plan.schedule_kwargs},
@@ -167,6 +183,14 @@ def _si(value: float, unit: str = "") -> str:
     return f"{value:.3g}{unit}"
 
 
+def _ranks(plan: Plan) -> str:
+    """Who trains different rows: the GPUs, or with SP the data-parallel groups of `sp` GPUs."""
+    world = plan.hardware.world
+    if plan.sp > 1:
+        return f"{world} GPUs / SP {plan.sp} = {plan.data_parallel} group{'s' if plan.data_parallel > 1 else ''}"
+    return f"{world} GPU{'s' if world > 1 else ''}"
+
+
 def table(plan: Plan) -> str:
     hw, c, mem = plan.hardware, plan.config, plan.memory
     nodes = f"{hw.nodes} nodes x {hw.gpus_per_node}" if hw.nodes > 1 else f"{hw.gpus_per_node}"
@@ -198,14 +222,16 @@ def table(plan: Plan) -> str:
         ),
         (
             "batch",
-            f"{plan.global_batch_tokens:,} tokens = {hw.world} GPU{'s' if hw.world > 1 else ''} x micro-batch {plan.micro_batch} x accumulation "
+            f"{plan.global_batch_tokens:,} tokens = {_ranks(plan)} x micro-batch {plan.micro_batch} x accumulation "
             f"{plan.grad_accum} x {plan.seq_len} (DeepSeek B_opt {_si(plan.batch_opt_tokens)}); {plan.steps:,} steps",
         ),
         (
             "memory",
-            f"{plan.strategy.label}, activation checkpointing {'on' if plan.checkpointing else 'off'}: "
-            f"{mem.total / GiB:.1f} GiB per GPU of {plan.usable_bytes / GiB:.1f} usable (estimator)",
+            f"{plan.strategy.label}{f' + Ulysses SP {plan.sp}' if plan.sp > 1 else ''}, activation checkpointing "
+            f"{'on' if plan.checkpointing else 'off'}: {mem.total / GiB:.1f} GiB per GPU of "
+            f"{plan.usable_bytes / GiB:.1f} usable (estimator)",
         ),
+        *([("sequence", plan.sp_reason)] if plan.sp > 1 else []),
         (
             "schedule",
             f"{plan.schedule}: peak {plan.peak_lr:.3g} (DeepSeek eta_opt), warmup {_si(schedule['warmup_tokens'])} "

@@ -15,12 +15,23 @@ The order of decisions, each from its one home in the package:
    shape that fits without checkpointing if it is at least that size, else the compute-optimal one for that
    compute, with checkpointing. CPU offload is not planned: its speed is the host's, which nothing here
    predicts; a model that does not fit is refused with the largest one that does.
+3b. Sequence parallelism (DeepSpeed Ulysses, `sp_size`) only when the sequence fits no strategy above even with
+   checkpointing: ZeRO-3 (the only stage SP is checked with; `training/sequence_parallel.py`) with the smallest SP
+   degree that fits, without checkpointing first. The degree divides the GPUs per node, so that each attention's
+   four all-to-alls (q, k, v out; the output back) stay on the node's NVLink rather than the slower network
+   between nodes; it divides the heads and the sequence, and the key/value heads are a multiple or a divisor of
+   it (DeepSpeed's rules). What SP refuses is refused here, with its reason: sliding windows and MoE (and
+   `--sharding fsdp2`: Ulysses runs inside DeepSpeed). The launch packs documents GPT-style
+   (`--separate_documents false`) with SDPA attention: Ulysses drops the document mask, and FlashAttention is not
+   checked under SP. Tensor and context parallelism are not planned: they are not wired into the Trainer yet.
+   SP shares each sequence over `sp` ranks, so a step trains (GPUs / sp) x micro-batch rows.
 4. The tokens: what the budget pays for at that shape (hours x GPUs x peak x MFU, or FLOPs / FLOPs per token).
 5. The batch and learning rate from DeepSeek LLM's fits in compute; micro-batch x accumulation x GPUs rounded to
    the fit; the schedule positioned in tokens (`training/schedules.py` reads `total_tokens`, `warmup_tokens`;
    warmup 0.8 % of the tokens, at least one optimizer step).
 6. The prediction: tokens/s = GPUs x peak x MFU / FLOPs per token (x 4/3 with checkpointing), step time,
-   wall-clock, GPU-hours.
+   wall-clock, GPU-hours. SP's all-to-all is not priced (the chip table holds no interconnect bandwidth and the
+   MFU assumptions are of runs without SP): the plan says so and gives its volume per GPU and step.
 7. The checkpoint interval: Young's rule from one save's stall and the job's time between failures
    (`resilience.py`).
 """
@@ -30,8 +41,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..distributed.memory import GiB, MemoryEstimate, estimate_memory
-from ..modeling.accounting import count_parameters, flops_per_token
+from ..distributed.memory import BYTES_PER_PARAMETER, GiB, MemoryEstimate, estimate_memory, ulysses_kv_width
+from ..modeling.accounting import SLIDING, attention_widths, count_parameters, flops_per_token
 from ..modeling.configuration import PretrainConfig
 from . import scaling
 from .hardware import PLANNED_RECIPES, Hardware, PlanRefused, resolve_hardware
@@ -143,6 +154,26 @@ class Plan:
     budget: dict
     checkpoints: CheckpointPlan | None = None
     warnings: list[str] = field(default_factory=list)
+    sp: int = 1  # Ulysses sequence-parallel degree
+    sp_reason: str | None = None  # why SP was chosen, for the plan's text
+
+    @property
+    def data_parallel(self) -> int:
+        """Groups that train different rows: the GPUs over the SP degree."""
+        return self.hardware.world // self.sp
+
+    @property
+    def all_to_all_bytes(self) -> int:
+        """Bytes one GPU sends in SP's all-to-alls per optimizer step (0 without SP): per layer and pass (forward,
+        backward, the recompute) q, k, v and the attention's output of its shard, (sp - 1) / sp of them leaving it."""
+        if self.sp == 1:
+            return 0
+        q, k = attention_widths(self.config)[0], ulysses_kv_width(self.config, self.sp)
+        element = BYTES_PER_PARAMETER[self.hardware.precision][3]
+        tokens = self.seq_len // self.sp * self.micro_batch * self.grad_accum
+        passes = 3 if self.checkpointing else 2
+        per_layer = element * tokens * (2 * q + 2 * k) * (self.sp - 1) // self.sp
+        return per_layer * passes * self.config.num_hidden_layers
 
     @property
     def parameters(self) -> int:
@@ -154,7 +185,7 @@ class Plan:
 
     @property
     def global_batch_tokens(self) -> int:
-        return self.hardware.world * self.micro_batch * self.grad_accum * self.seq_len
+        return self.data_parallel * self.micro_batch * self.grad_accum * self.seq_len
 
     @property
     def tokens(self) -> int:
@@ -190,7 +221,7 @@ class Plan:
         return None if self.data_tokens is None else self.tokens / self.data_tokens
 
 
-def _estimate(config, strategy: Strategy, hw: Hardware, seq_len: int, micro: int, checkpointing: bool):
+def _estimate(config, strategy: Strategy, hw: Hardware, seq_len: int, micro: int, checkpointing: bool, sp: int = 1):
     return estimate_memory(
         config,
         strategy.zero,
@@ -201,6 +232,7 @@ def _estimate(config, strategy: Strategy, hw: Hardware, seq_len: int, micro: int
         checkpointing=checkpointing,
         device_memory_gb=hw.memory_bytes / GiB,
         model="plan",
+        sp=sp,
     )
 
 
@@ -211,11 +243,13 @@ def candidate_strategies(hw: Hardware, sharding: str) -> list[Strategy]:
     return [STRATEGIES[name] for name in ("ddp", *sharded)]
 
 
-def largest_micro_batch(config, strategy: Strategy, hw: Hardware, seq_len: int, usable: float, ckpt: bool) -> int:
+def largest_micro_batch(
+    config, strategy: Strategy, hw: Hardware, seq_len: int, usable: float, ckpt: bool, sp: int = 1
+) -> int:
     """The largest power-of-two micro-batch (up to MAX_MICRO_BATCH) within `usable` bytes, 0 when none fits."""
     micro = 0
     for candidate in (2**i for i in range(int(math.log2(MAX_MICRO_BATCH)) + 1)):
-        if _estimate(config, strategy, hw, seq_len, candidate, ckpt).total > usable:
+        if _estimate(config, strategy, hw, seq_len, candidate, ckpt, sp).total > usable:
             break
         micro = candidate
     return micro
@@ -236,7 +270,7 @@ def fit_memory(
     return None
 
 
-def _refuse_memory(config, hw: Hardware, request: PlanRequest, usable: float, strategies: list[Strategy]):
+def _refuse_memory(config, hw: Hardware, request: PlanRequest, usable: float, strategies: list[Strategy], sp: int = 1):
     last = strategies[-1]
     need = _estimate(config, last, hw, request.seq_len, 1, True).total
     shape_args = dict(
@@ -255,6 +289,9 @@ def _refuse_memory(config, hw: Hardware, request: PlanRequest, usable: float, st
     )
     how = f"{last.label} over {hw.world} GPUs" if hw.world > 1 else "one GPU (nothing to shard)"
     how += ", micro-batch 1, full activation checkpointing"
+    if sp > 1:
+        need = _estimate(config, last, hw, request.seq_len, 1, True, sp).total
+        how += f", Ulysses SP {sp} (the largest degree the GPUs per node, the heads and the sequence allow)"
     where = (
         f"{hw.device} ({hw.memory_bytes / GiB:.0f} GiB, {usable / GiB:.1f} GiB usable at a {request.margin:.0%} margin)"
     )
@@ -265,11 +302,71 @@ def _refuse_memory(config, hw: Hardware, request: PlanRequest, usable: float, st
         advice = (
             f"the largest model that fits one step is {n / 1e9:.2f}B parameters ({fitting.num_hidden_layers} x "
             f"{fitting.hidden_size}): pass --params {n:.3g}, add GPUs (--gpus / --nodes), or offload to the CPU "
-            "(ds_configs/zero3_offload.json; the planner does not predict its speed)"
+            "(ds_configs/zero3_offload.json; the planner does not predict its speed); splitting each layer's "
+            "matmuls over GPUs would need tensor parallelism, which hf_pretrain does not plan yet"
         )
     raise PlanRefused(
         f"a {count_parameters(config) / 1e9:.2f}B-parameter model does not fit one training step on {where}: "
         f"with {how} it needs {need / GiB:.1f} GiB per GPU; {advice}."
+    )
+
+
+def sp_blocker(config, sharding: str) -> str | None:
+    """Why this run cannot take Ulysses SP (what `training/sequence_parallel.py` refuses), or None."""
+    if sharding != "deepspeed":
+        return "Ulysses SP runs inside DeepSpeed ZeRO-3: use --sharding deepspeed"
+    if SLIDING in (config.layer_types or []):
+        return "sliding windows would attend over the whole sequence under SP (Ulysses drops the mask): use --window-pattern L"
+    if getattr(config, "num_experts", 0):
+        return "MoE's router loss would be computed per sequence shard under SP: train MoE without SP"
+    return None
+
+
+def sp_degrees(config, hw: Hardware, seq_len: int) -> list[int]:
+    """The SP degrees > 1 a run may take, smallest first: divisors of the GPUs per node (the all-to-all stays
+    within a node), of the heads and of the sequence, with the key/value heads a multiple or a divisor."""
+    heads, kv = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
+    return [
+        sp
+        for sp in range(2, hw.gpus_per_node + 1)
+        if not hw.gpus_per_node % sp and not heads % sp and not seq_len % sp and not (kv % sp and sp % kv)
+    ]
+
+
+def fit_sequence_parallel(config, request: PlanRequest, hw: Hardware, usable: float):
+    """(ZeRO-3, checkpointing, micro-batch, sp) with the smallest SP degree that fits (without checkpointing
+    first), for a sequence no data sharding holds; PlanRefused when SP cannot run this model or nothing fits."""
+    blocker = sp_blocker(config, request.sharding)
+    seq = request.seq_len
+    what = f"a sequence of {seq} tokens does not fit with data sharding and activation checkpointing alone"
+    if blocker:
+        raise PlanRefused(f"{what}, and sequence parallelism cannot take this model: {blocker}.")
+    degrees = sp_degrees(config, hw, seq)
+    if not degrees:
+        kv = config.num_key_value_heads or config.num_attention_heads
+        raise PlanRefused(
+            f"{what}, and no sequence-parallel degree fits the model: it must divide the {hw.gpus_per_node} GPUs per "
+            f"node, the {config.num_attention_heads} heads and the sequence, and the {kv} key/value heads must be a "
+            f"multiple or a divisor of it; pass --params for a shape whose heads allow it, or a shorter --seq-len."
+        )
+    zero3 = STRATEGIES["zero3"]
+    for sp in degrees:
+        for checkpointing in (False, True):
+            micro = largest_micro_batch(config, zero3, hw, seq, usable, checkpointing, sp)
+            if micro:
+                return zero3, checkpointing, micro, sp
+    _refuse_memory(config, hw, request, usable, [zero3], degrees[-1])
+
+
+def sp_reason(config, hw: Hardware, seq_len: int, usable: float, sp: int) -> str:
+    """Why the plan splits each sequence: what one GPU would need without SP, why this degree."""
+    alone = _estimate(config, STRATEGIES["zero3"], hw, seq_len, 1, True).total
+    return (
+        f"Ulysses SP {sp}: {seq_len} tokens need {alone / GiB:.1f} GiB per GPU with ZeRO-3 and checkpointing alone "
+        f"(of {usable / GiB:.1f} usable); {sp} is the smallest degree that fits and divides the "
+        f"{hw.gpus_per_node} GPUs per node (its all-to-all stays on the node's links), the "
+        f"{config.num_attention_heads} heads ({config.num_key_value_heads} KV) and the sequence: each GPU holds "
+        f"{seq_len // sp} tokens of every row"
     )
 
 
@@ -363,25 +460,26 @@ def make_plan(request: PlanRequest) -> Plan:
     config, budget = choose_model(request, hw)
     seq = request.seq_len
     usable = int(hw.memory_bytes * (1 - request.margin))
-    strategies = candidate_strategies(hw, request.sharding)
-    fit = _fit(config, request, hw, budget, usable)
-    if fit is None:
-        _refuse_memory(config, hw, request, usable, strategies)
-    resized = None
-    if fit[1] and budget["kind"] == "hours" and request.params is None:  # the recompute is paid from the hours
+    fit, sp, resized = _fit(config, request, hw, budget, usable), 1, None
+    if fit is None and hw.world > 1:  # the sequence: shared over GPUs of a node
+        *fit, sp = fit_sequence_parallel(config, request, hw, usable)
+    elif fit is None:
+        _refuse_memory(config, hw, request, usable, candidate_strategies(hw, request.sharding))
+    elif fit[1] and budget["kind"] == "hours" and request.params is None:  # the recompute is paid from the hours
         config, fit, resized = resize_for_recompute(request, hw, config, budget, usable)
     strategy, checkpointing, max_micro = fit
     fpt = flops_per_token(config, seq)
     tokens = budget_tokens(budget, fpt, checkpointing)
-    compute, batch_opt, per_gpu = sequences_per_gpu(config, tokens, seq, hw.world)
+    groups = hw.world // sp  # data-parallel groups: each trains its own rows
+    compute, batch_opt, per_gpu = sequences_per_gpu(config, tokens, seq, groups)
     micro = 2 ** int(math.log2(min(max_micro, per_gpu)))
     accum = max(1, round(per_gpu / micro))
-    global_tokens = hw.world * micro * accum * seq
+    global_tokens = groups * micro * accum * seq
     steps = round(tokens / global_tokens)
     if steps < 1:
         raise PlanRefused(
             f"the budget buys {tokens:,.0f} tokens, less than one optimizer step of {global_tokens:,} tokens "
-            f"({hw.world} GPU(s) x micro-batch {micro} x {seq}); raise the budget."
+            f"({groups} data-parallel group(s) x micro-batch {micro} x {seq}); raise the budget."
         )
     trained = steps * global_tokens
     peak_lr = scaling.deepseek_peak_lr(compute)
@@ -400,7 +498,7 @@ def make_plan(request: PlanRequest) -> Plan:
         micro_batch=micro,
         grad_accum=accum,
         steps=steps,
-        memory=_estimate(config, strategy, hw, seq, micro, checkpointing),
+        memory=_estimate(config, strategy, hw, seq, micro, checkpointing, sp),
         usable_bytes=usable,
         batch_opt_tokens=batch_opt,
         peak_lr=peak_lr,
@@ -408,6 +506,8 @@ def make_plan(request: PlanRequest) -> Plan:
         schedule_kwargs=schedule_kwargs,
         data_tokens=request.data_tokens,
         budget=budget,
+        sp=sp,
+        sp_reason=sp_reason(config, hw, seq, usable, sp) if sp > 1 else None,
     )
     state = plan.memory.parameters + plan.memory.optimizer_states  # what one rank's checkpoint stages
     measured = run_resilience(request.goodput_from) if request.goodput_from else None
@@ -464,6 +564,15 @@ def warnings_for(plan: Plan) -> list[str]:
         )
     if plan.checkpointing:
         out.append("activation checkpointing is on: each step recomputes the forward (4/3 of the FLOPs)")
+    if plan.sp > 1:
+        out.append(
+            f"SP's all-to-all ({plan.all_to_all_bytes / GiB:,.1f} GiB sent per GPU per step) is not in the predicted "
+            "tokens/s: the chip table has no interconnect bandwidth and the MFU is of runs without SP"
+        )
+        out.append(
+            "SP: documents packed GPT-style (--separate_documents false; Ulysses drops the document mask) and SDPA "
+            "attention (--attention_backend sdpa; FlashAttention is not checked under SP)"
+        )
     warmup_steps = plan.schedule_kwargs["warmup_tokens"] / plan.global_batch_tokens
     if warmup_steps < 10:
         out.append(
