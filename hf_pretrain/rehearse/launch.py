@@ -9,7 +9,9 @@ machines) and changes only what a CPU needs:
 - `use_cpu: false` with `MULTI_GPU` (accelerate's MULTI_CPU goes through mpirun; PretrainingArguments
   puts GPU-less ranks on gloo), no `gpu_ids`, fp32 (`mixed_precision: 'no'`; under DeepSpeed the key
   is dropped, the JSON's "auto" follows the arguments); DeepSpeed over machines uses the `standard`
-  launcher (torchrun per node) instead of pdsh.
+  launcher (torchrun per node) instead of pdsh; sequence parallelism (`parallelism_config_sp_size`) kept,
+  at most the 2 processes (a degree of 4 or 8 rehearsed as 2, said in a note): the all-to-all, the sharded
+  loader and the loss over the SP group run as in the real launch.
 
 `run_launch` starts a run, its output in one log, every process in its own session, and bounds it:
 a run whose ranks all finished training but that does not exit is a hang (reported, then killed);
@@ -116,6 +118,7 @@ class Topology:
     strategy: str  # e.g. "DDP", "DeepSpeed ZeRO-3 (ds_configs/zero3.json)", "FSDP2"
     deepspeed_file: Path | None = None
     notes: list[str] = field(default_factory=list)
+    sp: int = 1  # the rehearsal's Ulysses SP degree
 
     @property
     def processes(self) -> int:
@@ -164,7 +167,20 @@ def rehearsal_config(path: Path, processes: int = 2) -> Topology:
             deepspeed["deepspeed_multinode_launcher"] = "standard"
         config["deepspeed_config"] = deepspeed
         config.pop("mixed_precision")  # accelerate refuses it beside a JSON; the JSON's "auto" follows the arguments
-    return Topology(config, nodes, _strategy(config, deepspeed_file), deepspeed_file, notes)
+    sp = _sequence_parallel(config, processes, notes)
+    return Topology(config, nodes, _strategy(config, deepspeed_file), deepspeed_file, notes, sp)
+
+
+def _sequence_parallel(config: dict, processes: int, notes: list[str]) -> int:
+    """The SP degree of the launch, shrunk to a divisor of the rehearsal's processes (written back to `config`)."""
+    keys = config.get("parallelism_config") or {}
+    sp = int(keys.get("parallelism_config_sp_size", 1))
+    if sp > 1 and processes % sp:
+        shrunk = max(d for d in range(1, processes + 1) if not processes % d and not sp % d)
+        config["parallelism_config"] = {**keys, "parallelism_config_sp_size": shrunk}
+        notes.append(f"sequence parallelism {sp} rehearsed as {shrunk} ({processes} processes)")
+        sp = shrunk
+    return sp
 
 
 def free_port() -> int:

@@ -157,7 +157,7 @@ def rehearse(request: RehearsalRequest) -> Rehearsal:
     model = "as given (--keep-model)"
     if not request.keep_model:
         say(f"model: writing the launch's model at rehearsal size to {out / 'model'}")
-        _, model = write_tiny_model(request.launch.script_args, request.seq_len, out / "model")
+        _, model = write_tiny_model(request.launch.script_args, request.seq_len, out / "model", topology.sp)
         say(f"model: {model}")
     _, notes = script_arguments(request.launch.script_args, out, 1, 1, None, None, out, request.dataset_path)
     rehearsal = Rehearsal(request, topology, model, topology.notes + notes + request.launch.ignored)

@@ -23,6 +23,17 @@ from ..modeling.configuration import PretrainConfig
 from ..presets import load_config
 
 WIDTH, HEAD_DIM, MLP, EXPERT_MLP, MAX_EXPERTS = 64, 16, 128, 64, 4
+CPU_KERNELS = ("sdpa", "eager")  # attention kernels a rehearsal runs as given
+
+
+def check_sequence_parallel(tiny: PretrainConfig, seq_len: int, sp: int) -> None:
+    """The rehearsal's model and sequence must admit its SP degree (DeepSpeed's and the loader's rules)."""
+    heads, kv = tiny.num_attention_heads, tiny.num_key_value_heads
+    if sp > 1 and (heads % sp or (kv % sp and sp % kv) or seq_len % sp):
+        raise ValueError(
+            f"sequence parallelism {sp}: the rehearsal's model ({heads} heads, {kv} KV) and --seq-len {seq_len} must "
+            f"be divisible by it; pass an even --seq-len (the heads follow the launch's model)."
+        )
 
 
 def tiny_config(config: PretrainConfig, seq_len: int) -> PretrainConfig:
@@ -89,10 +100,12 @@ def drop_flag(args: list[str], flag: str) -> list[str]:
     return out
 
 
-def write_tiny_model(user_args: list[str], seq_len: int, out: Path) -> tuple[Path, str]:
-    """Save the shrunk model config to `out` (the script's --preset, default tiny); returns it and a description."""
+def write_tiny_model(user_args: list[str], seq_len: int, out: Path, sp: int = 1) -> tuple[Path, str]:
+    """Save the shrunk model config to `out` (the script's --preset, default tiny); returns it and a description.
+    `sp`: the rehearsal's SP degree, which the shrunk heads and sequence must admit."""
     real = load_config(flag_value(user_args, "--preset") or "tiny")
     tiny = tiny_config(real, seq_len)
+    check_sequence_parallel(tiny, seq_len, sp)
     tiny.save_pretrained(out)
     return out, describe(real, tiny)
 
@@ -137,6 +150,8 @@ def script_arguments(
         ("--torch_compile", "false", "compilation would dominate a few steps"),
         ("--attention_backend", "auto", "GPU kernels do not run here"),
     ):
+        if flag == "--attention_backend" and flag_value(args, flag) in CPU_KERNELS:
+            continue  # a kernel that runs here stays (SP checks the model runs the one it was given)
         if flag_value(args, flag) not in (None, value):
             overrides += [flag, value]
             notes.append(f"{flag} {flag_value(args, flag)} -> {value} ({why})")

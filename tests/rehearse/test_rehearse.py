@@ -21,7 +21,7 @@ from hf_pretrain.rehearse.launch import (
     waiting_for,
 )
 from hf_pretrain.rehearse.report import checklist, write_markdown
-from hf_pretrain.rehearse.shrink import flag_value, script_arguments, tiny_config
+from hf_pretrain.rehearse.shrink import check_sequence_parallel, flag_value, script_arguments, tiny_config
 from hf_pretrain.training.recovery.attempts import Attempt, write_attempts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +44,24 @@ def test_the_shipped_configs_become_two_cpu_processes_keeping_their_strategy():
     assert "mixed_precision" not in zero3.config  # accelerate refuses it beside a DeepSpeed JSON
     assert Path(zero3.config["deepspeed_config"]["deepspeed_config_file"]).is_absolute()
     assert rehearsal_config(CONFIGS / "fsdp2_8gpu.yaml").strategy == "FSDP2"
+
+
+def test_sequence_parallelism_is_kept_shrunk_to_the_two_processes_with_its_kernel(tmp_path):
+    sp2 = rehearsal_config(CONFIGS / "cpu_2proc_sp.yaml")
+    assert sp2.sp == 2 and not sp2.notes
+    user = yaml.safe_load((CONFIGS / "cpu_2proc_sp.yaml").read_text())
+    user.update(num_processes=8, parallelism_config={**user["parallelism_config"], "parallelism_config_sp_size": 8})
+    (tmp_path / "sp8.yaml").write_text(yaml.safe_dump(user))
+    (tmp_path / "ds_configs").symlink_to(ROOT / "ds_configs")
+    sp8 = rehearsal_config(tmp_path / "sp8.yaml")
+    assert sp8.sp == 2 and sp8.config["parallelism_config"]["parallelism_config_sp_size"] == 2
+    assert "sequence parallelism 8 rehearsed as 2 (2 processes)" in sp8.notes
+    args, _ = script_arguments(["--attention_backend", "sdpa"], tmp_path, 4, 2, 64, None, tmp_path, None)
+    assert flag_value(args, "--attention_backend") == "sdpa"  # SP checks the model runs the kernel it was given
+    tiny = tiny_config(get_preset("tiny"), 64)
+    check_sequence_parallel(tiny, 64, 2)
+    with pytest.raises(ValueError, match="--seq-len 63 must be divisible by it"):
+        check_sequence_parallel(tiny, 63, 2)
 
 
 def test_a_missing_deepspeed_json_is_named(tmp_path):
@@ -200,6 +218,26 @@ def test_the_shipped_configs_pass(tmp_path, monkeypatch, config):
     assert "max |difference| 0.0e+00" in checks["resume exactness"].detail  # on CPU: every loss bit for bit
     if config == "two_nodes.yaml":
         assert "2 ranks on 2 node(s)" in checks["rendezvous"].detail
+
+
+@EXHAUSTIVE
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_sp_plan_launch_passes(tmp_path, monkeypatch):
+    """hf-pretrain plan's SP launch (8B at 128K tokens on 8 H100s: Ulysses SP 2), rehearsed with SP on 2 ranks."""
+    from hf_pretrain.plan import PlanRequest, make_plan, write_plan
+
+    plan = make_plan(PlanRequest("h100", gpus=8, params=8e9, tokens=160e9, seq_len=131072))
+    assert plan.sp == 2
+    files = write_plan(plan, tmp_path / "plan")
+    args = read_launch_file(files["launch"])
+    args = args[args.index("examples/pretrain.py") + 1 :]
+    drop = args.index("--dataset_path")
+    del args[drop : drop + 2]  # the embedded corpus
+    result, checks = rehearsal(tmp_path / "out", monkeypatch, files["accelerate_config"], "examples/pretrain.py", *args)
+    assert result.passed, "\n".join(f"{c.name}: {c.status}: {c.detail} {c.fix}" for c in checks.values())
+    assert result.topology.sp == 2
+    assert "max |difference| 0.0e+00" in checks["resume exactness"].detail
 
 
 @EXHAUSTIVE
