@@ -30,27 +30,9 @@ import time
 from pathlib import Path
 
 try:
-    from .attempts import (
-        REFUSED,
-        close_previous,
-        gather_evidence,
-        locked,
-        read_attempts,
-        read_heartbeats,
-        recovery_folder,
-        write_attempts,
-    )
+    from . import attempts as record
 except ImportError:  # run by path as the recorder process: no package (stdlib only)
-    from attempts import (
-        REFUSED,
-        close_previous,
-        gather_evidence,
-        locked,
-        read_attempts,
-        read_heartbeats,
-        recovery_folder,
-        write_attempts,
-    )
+    import attempts as record
 
 POLL_S = 0.2
 PEERS_S = 30.0  # the longest it waits for the other ranks of its host (torch elastic SIGKILLs after 30 s)
@@ -99,7 +81,7 @@ class Recorder:
 
 def pending(attempts: list, attempt: int) -> bool:
     """Whether attempt number `attempt` is still the newest and ended neither finished nor refused."""
-    return len(attempts) == attempt + 1 and attempts[attempt].ended not in ("finished", REFUSED)
+    return len(attempts) == attempt + 1 and attempts[attempt].ended not in ("finished", record.REFUSED)
 
 
 def alive(pid: int) -> bool:
@@ -126,7 +108,7 @@ def wait_for_rank0(parent: int) -> None:
 def wait_for_peers(folder: Path, attempt: int, parent: int) -> None:
     """Until the other ranks of this host ended, then the folder stayed unchanged `STABLE_S` (at most `PEERS_S`)."""
     deadline, host = time.monotonic() + PEERS_S, socket.gethostname()
-    beats = [b for b in read_heartbeats(folder).values() if b.get("attempt") == attempt]
+    beats = [b for b in record.read_heartbeats(folder).values() if b.get("attempt") == attempt]
     local = [b["pid"] for b in beats if b.get("host") == host and isinstance(b.get("pid"), int) and b["pid"] != parent]
     while any(alive(pid) for pid in local) and time.monotonic() < deadline:
         time.sleep(POLL_S)
@@ -150,19 +132,19 @@ def snapshot(folder: Path) -> list[tuple[str, int]]:
 
 
 def settle(output_dir: str, attempt: int) -> None:
-    folder = recovery_folder(output_dir)
-    with locked(output_dir):
-        attempts = read_attempts(output_dir)
+    folder = record.recovery_folder(output_dir)
+    with record.locked(output_dir):
+        attempts = record.read_attempts(output_dir)
         if pending(attempts, attempt):
-            close_previous(attempts, gather_evidence(folder, attempt, consume=False))
-            write_attempts(output_dir, attempts)
+            record.close_previous(attempts, record.gather_evidence(folder, attempt, consume=False))
+            record.write_attempts(output_dir, attempts)
 
 
 def main(output_dir: str, attempt: int) -> None:
     parent = os.getppid()
     wait_for_rank0(parent)
-    if pending(read_attempts(output_dir), attempt):
-        wait_for_peers(recovery_folder(output_dir), attempt, parent)
+    if pending(record.read_attempts(output_dir), attempt):
+        wait_for_peers(record.recovery_folder(output_dir), attempt, parent)
         settle(output_dir, attempt)
 
 
