@@ -234,7 +234,9 @@ def test_a_peer_is_judged_by_its_heartbeat_changing_on_the_readers_clock_not_by_
     writer = threading.Thread(target=peers, daemon=True)
     writer.start()
     exit, reasons = FakeExit(), []
-    settings = WatchdogSettings(factor=2.0, min_s=0.5, floor_s=30.0, poll_s=0.05)
+    # 2 s: the peers are read at half the timeout, so the beat thread has 1 s to read them before the hang fires
+    # (0.5 s left it 0.25 s: on a loaded machine the hang fired first, with "who stopped is not known")
+    settings = WatchdogSettings(factor=2.0, min_s=2.0, floor_s=30.0, poll_s=0.05)
     watchdog = HangWatchdog(tmp_path, 0, 3, settings, on_hang=reasons.append, exit=exit)
     watchdog.start(step=0)
     for step in (1, 2, 3):
