@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hf_pretrain.chips import CHIPS, device_memory_bytes, find_chip, known_chips, match, spec_tflops
+from hf_pretrain.chips import CHIPS, device_memory_bytes, find_chip, known_chips, link_gbps, match, spec_tflops
 from hf_pretrain.distributed.memory import estimate_memory
 from hf_pretrain.plan import PlanRequest
 from hf_pretrain.plan.hardware import MFU_ASSUMPTIONS, resolve_hardware
@@ -48,6 +48,18 @@ def test_one_matching_rule_for_peaks_and_memory():
     assert match("NVIDIA H100 NVL", {"h100": 1}) == 1 and match("TPU v5", {"h100": 1}) is None
     assert find_chip("TPU v5") is None and device_memory_bytes("TPU v5") is None
     assert device_memory_bytes("NVIDIA H800") is None  # a chip with a peak but no memory figure: unknown, not 0
+
+
+def test_links_are_each_way_per_gpu_and_unavailable_is_not_zero():
+    """The spec sheets' NVLink figures are both directions added (H100 SXM 900 GB/s): the table holds each way."""
+    assert link_gbps("NVIDIA H100 80GB HBM3") == 450.0 == link_gbps("NVIDIA H200")
+    assert link_gbps("NVIDIA A100-SXM4-80GB") == 300.0 and link_gbps("NVIDIA A100-PCIE-40GB") == 32.0
+    assert link_gbps("NVIDIA H100 PCIe") == 64.0 and link_gbps("NVIDIA B200") == 900.0
+    assert device_memory_bytes("NVIDIA A100-PCIE-40GB") == device_memory_bytes("NVIDIA A100-SXM4-40GB")
+    for name in ("gb10", "mi300x", "TPU v5"):  # unified memory, a per-peer mesh, an unknown chip
+        assert link_gbps(name) is None
+    assert all(chip.link_gbps is None or chip.link_gbps > 0 for chip in CHIPS)
+    assert "h100" in known_chips("link") and "gb10" not in known_chips("link")
 
 
 def test_every_recipe_column_is_a_chip_column():

@@ -20,17 +20,20 @@ from hf_pretrain.cli import main as cli
 from hf_pretrain.distributed.memory import estimate_memory
 from hf_pretrain.modeling.accounting import count_parameters, flops_per_token
 from hf_pretrain.plan import PlanRefused, PlanRequest, make_plan, write_plan
-from hf_pretrain.plan.hardware import MFU_ASSUMPTIONS
+from hf_pretrain.plan.hardware import LINK_EFFICIENCY, MFU_ASSUMPTIONS, resolve_hardware
 from hf_pretrain.plan.output import launch_command
-from hf_pretrain.plan.planner import CHECKPOINTING_COST, STRATEGIES, candidate_strategies
+from hf_pretrain.plan.planner import CHECKPOINTING_COST, STRATEGIES, candidate_strategies, fit_sequence_parallel
 from hf_pretrain.plan.resilience import checkpoint_plan
 from hf_pretrain.plan.scaling import (
-    LAYERS,
+    ASPECTS,
     compute_optimal_shape,
     deepseek_batch_tokens,
     deepseek_peak_lr,
+    family,
     non_embedding_flops_per_token,
     shape,
+    shape_for_parameters,
+    widths,
 )
 from hf_pretrain.presets import get_preset, load_config
 from hf_pretrain.training.schedules import build_schedule
@@ -88,26 +91,49 @@ def test_non_embedding_flops_leave_out_only_the_lm_head():
 
 def test_compute_optimal_shape_is_the_closest_chinchilla_run_of_the_family():
     budget = 1e21
+
+    def distance(c):
+        return abs(math.log(flops_per_token(c, 2048) * 20 * count_parameters(c) / budget))
+
     config = compute_optimal_shape(budget, 20.0, 2048, vocab_size=65536)
-
-    def cost(layers):
-        c = shape(layers, 65536, 2048)
-        return flops_per_token(c, 2048) * 20 * count_parameters(c)
-
-    distance = {n: abs(math.log(cost(n) / budget)) for n in LAYERS}
-    assert config.num_hidden_layers == min(distance, key=distance.get)
-    assert distance[config.num_hidden_layers] < math.log(1.25)  # the family's steps are finer than 25 %
+    members = family(65536, 2048)
+    assert distance(config) <= min(distance(c) for c in members)  # no member closer (the depth is refined after)
+    assert distance(config) < math.log(1.05)
+    sizes = [count_parameters(c) for c in members if count_parameters(c) > 1e8]
+    assert max(b / a for a, b in zip(sizes, sizes[1:])) < 1.12  # no gap where the width steps by whole heads
 
 
 def test_shapes_follow_the_presets_recipe():
-    c = shape(32, 65536, 2048)  # width 96 x 32 = 3072
-    assert (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads) == (3072, 128, 24, 6)  # GQA 4:1
+    c = shape(32, 65536, 2048)  # width 96 x 32 = 3072: 24 heads of 128, 8 KV (Llama 3.2 3B)
+    assert (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads) == (3072, 128, 24, 8)
     assert c.intermediate_size == 8192  # 8/3 x 3072 = 8192, a multiple of 256
-    odd = shape(24, 65536, 2048)  # 2304 wide: 18 heads, not a multiple of 4 -> GQA 2:1
-    assert (odd.num_attention_heads, odd.num_key_value_heads, odd.intermediate_size) == (18, 9, 6144)
+    qwen = shape(37, 65536, 2048)  # 96 x 37 = 3552 -> 3584: 28 heads, 4 KV (Qwen 2.5 7B)
+    assert (qwen.hidden_size, qwen.num_attention_heads, qwen.num_key_value_heads) == (3584, 28, 4)
     small = shape(4, 4096, 256)  # 384 wide: head_dim 64, 6 heads -> plain multi-head
     assert (small.hidden_size, small.head_dim, small.num_key_value_heads) == (384, 64, 6)
-    assert not shape(8, 4096, 256).tie_word_embeddings
+    gpt2 = shape(8, 4096, 256)  # 768 wide: 12 heads of 64 (GPT-2 small), 4 KV
+    assert (gpt2.num_attention_heads, gpt2.num_key_value_heads) == (12, 4) and not gpt2.tie_word_embeddings
+
+
+@pytest.mark.parametrize(
+    "params, layers, width, heads", [(7e9, 36, 4096, 32), (8e9, 42, 4096, 32), (70e9, 99, 8192, 64)]
+)
+def test_large_shapes_have_llama_heads_that_sequence_and_tensor_parallelism_split(params, layers, width, heads):
+    """7B was 40 x 3840 with 30 heads / 15 KV and 70B 88 x 8448 with 66 / 33: no SP (or TP) degree of 8 GPUs split
+    them. Now Llama's: 4096 wide with 32 heads / 8 KV at 7-8B, 8192 with 64 / 8 at 70B, head_dim 128."""
+    c = shape_for_parameters(params, vocab_size=65536, seq_len=4096)
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (
+        layers, width, heads, 8, 128
+    )  # fmt: skip
+    assert count_parameters(c) == pytest.approx(params, rel=0.02)
+    for width in widths(20480):  # every family width: whole heads, KV a power of two dividing them
+        c = shape(max(2, width // 96), 65536, 2048, width=width)
+        n, kv = c.num_attention_heads, c.num_key_value_heads
+        assert n * c.head_dim == width and (kv == n < 8 or (not n % kv and kv & (kv - 1) == 0 and kv <= 8))
+        if width >= 4096:  # SP / TP 2, 4 and 8 all split heads and KV heads
+            assert not n % 8 and kv == 8, width
+    for c in family(65536, 2048):
+        assert ASPECTS[0] <= c.hidden_size / c.num_hidden_layers <= ASPECTS[1]
 
 
 # ---------------------------------------------------------------- MFU assumptions and their sources
@@ -185,7 +211,7 @@ def test_with_checkpointing_the_model_is_compute_optimal_for_the_recompute_it_pa
 
 
 def test_a_larger_model_that_fits_without_checkpointing_is_taken_at_full_speed():
-    plan = make_plan(PlanRequest("h100", gpus=8, hours=720, seq_len=8192))
+    plan = make_plan(PlanRequest("h100", gpus=8, hours=720, seq_len=8192, sharding="fsdp2"))  # no SP under FSDP2
     [warning] = [w for w in plan.warnings if "largest shape without it" in w]
     optimal = float(warning.split("compute-optimal ")[1].split("B")[0]) * 1e9
     assert not plan.checkpointing and plan.parameters < optimal  # smaller than the optimum, larger than its resize
@@ -196,7 +222,9 @@ def test_windows_are_planned_and_priced():
     plan = make_plan(PlanRequest("h100", gpus=8, hours=48, seq_len=8192, window_pattern="SSSL", sliding_window=1024))
     layers = plan.config.num_hidden_layers
     assert plan.config.layer_types[:4] == ["sliding_attention"] * 3 + ["full_attention"]
-    plain = shape(layers, 65536, 8192)  # the same shape without windows attends to more keys
+    plain = shape(
+        layers, 65536, 8192, width=plan.config.hidden_size
+    )  # the same shape without windows attends to more keys
     assert plan.flops_per_token == flops_per_token(plan.config, 8192) < flops_per_token(plain, 8192)
 
 
@@ -268,8 +296,7 @@ def test_strategy_is_the_cheapest_communication_that_holds_8k_tokens_per_micro_b
     assert day.strategy.name == "ddp" and day.micro_batch * 2048 >= 8192
     week = make_plan(PlanRequest("h100", gpus=8, hours=168))
     usable = week.usable_bytes
-    assert estimate_memory(week.config, 0, 8, "bf16", 2048, 1).total <= usable  # DDP holds one sequence...
-    assert estimate_memory(week.config, 0, 8, "bf16", 2048, 4).total > usable  # ...not 8K tokens
+    assert estimate_memory(week.config, 0, 8, "bf16", 2048, 4).total > usable  # DDP does not hold 8K tokens
     assert week.strategy.name == "zero2" and week.micro_batch >= 4 and not week.checkpointing
     fsdp = make_plan(PlanRequest("h100", gpus=8, hours=168, sharding="fsdp2"))
     assert fsdp.strategy.name == "fsdp2" and fsdp.strategy.zero == 3
@@ -396,23 +423,26 @@ def test_warns_past_four_epochs_of_repeated_data():
     [warning] = [w for w in plan.warnings if "epochs over" in w]
     assert "Muennighoff" in warning and f"{plan.epochs:.1f} epochs" in warning
     assert "8e+09 tokens (4 epochs) suit a model of ~4e+08 parameters (--tokens 8e+09)" in warning
-    small = make_plan(PlanRequest("h100", tokens=1e9, data_tokens=1e8))  # 10 epochs; 4 suit no shape
+    small = make_plan(PlanRequest("h100", tokens=1e9, data_tokens=5e7))  # 20 epochs; 4 suit no shape
     [tiny] = [w for w in small.warnings if "epochs" in w]
-    assert "even the planner's smallest shape (3.53e+07 parameters) wants 7.05e+08 tokens: find more data" in tiny
+    assert "even the planner's smallest shape (1.73e+07 parameters) wants 3.46e+08 tokens: find more data" in tiny
     assert not any("epochs over" in w for w in make_plan(PlanRequest("h100", hours=24, data_tokens=1e12)).warnings)
 
 
 @pytest.mark.parametrize("data", [1, 1e6, 4e8])
 def test_refuses_a_plan_past_sixty_epochs_of_its_data(data, tmp_path, capsys):
-    """28.4B tokens planned on 1 token of data was written as 28,447,866,880 epochs with exit 0."""
+    """28.4B tokens planned on 1 token of data was written as 28,447,866,880 epochs with exit 0 (30.0B now)."""
     flags = ["plan", "--device", "h100", "--gpus", "8", "--hours", "24", "--data-tokens", str(data)]
     assert cli([*flags, "--out", str(tmp_path / "plan")]) == 2
     error = capsys.readouterr().err
-    epochs = 28_447_866_880 / data
-    assert error.startswith(f"error: --data-tokens {data:.3g}: the plan trains 2.84e+10 tokens, {epochs:,.0f} epochs")
+    planned = make_plan(PlanRequest("h100", gpus=8, hours=24)).tokens  # the same plan without --data-tokens
+    epochs = planned / data
+    assert error.startswith(
+        f"error: --data-tokens {data:.3g}: the plan trains {planned:.3g} tokens, {epochs:,.0f} epochs"
+    )
     assert error.count("\n") == 1 and "past 60 epochs" in error and "find more data" in error
     assert not (tmp_path / "plan").exists()  # nothing written
-    assert make_plan(PlanRequest("h100", gpus=8, hours=24, data_tokens=28_447_866_880 / 60)).epochs == 60  # the edge
+    assert make_plan(PlanRequest("h100", gpus=8, hours=24, data_tokens=planned / 60)).epochs == 60  # the edge
 
 
 def test_cli_refusal_is_an_error_with_the_reason(capsys, tmp_path):
@@ -528,7 +558,7 @@ def test_the_planned_launch_trains(tmp_path):
     assert (saved.num_hidden_layers, saved.hidden_size) == (plan.config.num_hidden_layers, plan.config.hidden_size)
 
 
-# Sequence parallelism: 8B is the family's shape with 32 heads / 8 KV (7B's 30 / 15 admit no SP degree of 8 GPUs).
+# Sequence parallelism: 8B is the family's 42 x 4096 with 32 heads / 8 KV.
 def _sp_plan(seq_len: int, **kwargs):
     return make_plan(PlanRequest("h100", gpus=8, params=8e9, tokens=160e9, seq_len=seq_len, **kwargs))
 
@@ -542,10 +572,40 @@ def test_sequence_parallel_only_when_the_sequence_fits_no_data_sharding():
     assert plan.memory.total <= usable and plan.data_parallel == 4
     assert plan.global_batch_tokens == 4 * plan.micro_batch * plan.grad_accum * 131072  # rows per SP group
     assert "Ulysses SP 2" in plan.sp_reason and "8 GPUs per node" in plan.sp_reason
-    assert plan.all_to_all_bytes > 0 and any("not in the predicted tokens/s" in w for w in plan.warnings)
-    for seq_len in (32768, 4096):  # these fit with data sharding (+ checkpointing): no SP
-        assert _sp_plan(seq_len).sp == 1
-    assert make_plan(PlanRequest("h100", gpus=8, params=7e9, tokens=140e9, seq_len=32768)).sp == 1
+    assert plan.checkpointing and not any("not in the predicted tokens/s" in w for w in plan.warnings)
+    assert _sp_plan(4096).sp == 1  # fits with data sharding, without checkpointing: no SP
+
+
+def test_the_all_to_all_is_priced_in_the_step_time():
+    """8B at 128K, SP 2 with checkpointing: per layer and pass (3 with the recompute) each GPU sends half of its
+    shard's q, k, v and output (2 x 4096 + 2 x 1024 bf16 values a token) over 450 GB/s x 0.8."""
+    plan = _sp_plan(131072)
+    shard_tokens = 65536 * plan.micro_batch * plan.grad_accum
+    sent = 2 * (2 * 4096 + 2 * 1024) / 2 * 3 * 42 * shard_tokens
+    assert plan.all_to_all_bytes == pytest.approx(sent)
+    assert plan.all_to_all_seconds == pytest.approx(sent / (450e9 * LINK_EFFICIENCY))
+    compute = plan.global_batch_tokens * plan.flops_per_token * CHECKPOINTING_COST / plan.hardware.sustained_flops
+    assert plan.step_seconds == pytest.approx(compute + plan.all_to_all_seconds)  # in the step, not beside it
+    slow = _sp_plan(131072, link_gbps=45.0)  # a tenth of the link: ten times the all-to-all
+    assert slow.all_to_all_seconds == pytest.approx(10 * plan.all_to_all_seconds * slow.grad_accum / plan.grad_accum)
+
+
+def test_sequence_parallel_replaces_the_recompute_where_its_all_to_all_costs_less():
+    """7B at 32K on 8 x H100: ZeRO-2 holds it only with checkpointing (+1/3 FLOPs); SP without it costs ~2 %."""
+    request = dict(gpus=8, params=7e9, tokens=140e9, seq_len=32768)
+    plan = make_plan(PlanRequest("h100", **request))
+    assert plan.sp > 1 and not plan.checkpointing and plan.strategy.name == "zero3"
+    assert estimate_memory(plan.config, 2, 8, "bf16", 32768, 1).total > plan.usable_bytes  # ZeRO-2 needs the recompute
+    assert plan.memory.total <= plan.usable_bytes and 1 < plan.cost < CHECKPOINTING_COST
+    assert f"Ulysses SP {plan.sp} (ZeRO-3) without activation checkpointing" in plan.sp_reason
+    fpt = flops_per_token(plan.config, 32768)
+    assert plan.tokens_per_second == pytest.approx(plan.hardware.sustained_flops / (fpt * plan.cost))
+    slow = make_plan(PlanRequest("h100", **request, link_gbps=1.0))  # the all-to-all would cost more than 1/3
+    assert slow.sp == 1 and slow.checkpointing and "would hold it without, but its all-to-all costs" in slow.sp_reason
+    unknown = make_plan(PlanRequest("mi300x", **request, mfu=0.4, device_memory_gb=79.6))  # no link figure
+    assert unknown.sp == 1 and unknown.checkpointing and "its all-to-all is not priced" in unknown.sp_reason
+    nodes = make_plan(PlanRequest("h100", **{**request, "gpus": 4}, nodes=2))
+    assert nodes.sp == 1 and nodes.checkpointing and "not weighed over 2 nodes" in nodes.sp_reason
 
 
 def test_sequence_parallel_refuses_what_sp_refuses():
@@ -555,8 +615,13 @@ def test_sequence_parallel_refuses_what_sp_refuses():
         _sp_plan(131072, window_pattern="SSSL", sliding_window=4096)
     with pytest.raises(PlanRefused, match="runs inside DeepSpeed ZeRO-3: use --sharding deepspeed"):
         _sp_plan(131072, sharding="fsdp2")
+    odd = PretrainConfig(  # the family's old 7B: 30 heads / 15 KV admit no SP degree of 8 GPUs
+        vocab_size=65536, hidden_size=3840, intermediate_size=10240, num_hidden_layers=40, num_attention_heads=30,
+        num_key_value_heads=15, head_dim=128, max_position_embeddings=131072,
+    )  # fmt: skip
+    request = PlanRequest("h100", gpus=8, params=7e9, tokens=140e9, seq_len=131072)
     with pytest.raises(PlanRefused, match="the 30 heads and the sequence, and the 15 key/value heads"):
-        make_plan(PlanRequest("h100", gpus=8, params=7e9, tokens=140e9, seq_len=131072))
+        fit_sequence_parallel(odd, request, resolve_hardware(request), 60 * GiB)
     moe = get_preset("tiny-moe")
     assert "MoE's router loss" in sp_blocker(moe, "deepspeed") and sp_blocker(get_preset("tiny"), "deepspeed") is None
 
@@ -573,7 +638,7 @@ def test_the_sp_launch_carries_sp_and_the_example_accepts_it(tmp_path):
     assert accel.parallelism_config["parallelism_config_sp_size"] == 2
     assert accel.parallelism_config["parallelism_config_sp_backend"] == "deepspeed"
     saved = json.loads((out / "plan.json").read_text())
-    assert saved["parallelism"]["sp_size"] == 2 and saved["parallelism"]["all_to_all_priced"] is False
+    assert saved["parallelism"]["sp_size"] == 2 and saved["parallelism"]["all_to_all_priced"] is True
     example = load_example()
     model_args, data_args, args = example.parse_args(shlex.split(saved["command"].split("examples/pretrain.py ")[1]))
     example.check_arguments(model_args, data_args)

@@ -33,6 +33,9 @@ def cli(argv: list[str]) -> int:
     hardware.add_argument("--mfu", type=float, default=None, help="MFU to assume (default: per chip, source printed)")
     hardware.add_argument("--peak-tflops", type=float, default=None, help="dense peak per GPU, for unknown chips")
     hardware.add_argument("--device-memory-gb", type=float, default=None, help="memory per GPU in GiB (overrides)")
+    hardware.add_argument(
+        "--link-gbps", type=float, default=None, help="GB/s each way from a GPU to its node (overrides chips.py)"
+    )
     budget = parser.add_argument_group("budget (exactly one)").add_mutually_exclusive_group(required=True)
     budget.add_argument("--hours", type=float, default=None, help="wall-clock hours on all the GPUs")
     budget.add_argument("--tokens", type=amount, default=None, help="tokens to train, e.g. 20B")
@@ -85,6 +88,7 @@ def cli(argv: list[str]) -> int:
         margin=args.margin,
         peak_tflops=args.peak_tflops,
         device_memory_gb=args.device_memory_gb,
+        link_gbps=args.link_gbps,
         checkpoint_seconds=args.checkpoint_seconds,
         mtbf_hours=args.mtbf_hours,
         goodput_from=args.goodput_from,

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..chips import device_memory_bytes, known_chips, match, spec_tflops
+from ..chips import device_memory_bytes, known_chips, link_gbps, match, spec_tflops
 from ..distributed.memory import GiB
 from ..precision.recipes import RECIPES
 
@@ -40,6 +40,9 @@ LOW_PRECISION_MFU = {
 }
 
 
+LINK_EFFICIENCY = 0.8  # the share of the link's line rate an NCCL all-to-all reaches (module docstring)
+
+
 class PlanRefused(ValueError):
     """The budget or hardware cannot give a run; the message says why and what would."""
 
@@ -56,6 +59,8 @@ class Hardware:
     memory_source: str
     mfu: float
     mfu_source: str
+    link_gbps: float | None = None  # GB/s each way, one GPU to the rest of its node; None: unavailable
+    link_source: str = "unavailable"
 
     @property
     def world(self) -> int:
@@ -139,6 +144,21 @@ def resolve_hardware(request) -> Hardware:
             factor, why = LOW_PRECISION_MFU[peak_precision]
             mfu, mfu_source = mfu * factor, f"{mfu_source}; x {factor:.3f}: {why}"
         mfu_source = f"assumption: {mfu_source}"
+    link, link_source = request.link_gbps, "--link-gbps"
+    if link is None:
+        link = link_gbps(request.device)
+        link_source = "the chip table (chips.py)" if link else f"unavailable: no link figure for {request.device!r}"
     return Hardware(
-        request.device, request.gpus, request.nodes, recipe, peak, peak_source, memory, memory_source, mfu, mfu_source
+        request.device,
+        request.gpus,
+        request.nodes,
+        recipe,
+        peak,
+        peak_source,
+        memory,
+        memory_source,
+        mfu,
+        mfu_source,
+        link,
+        link_source,
     )

@@ -27,6 +27,7 @@ import yaml
 
 from ..distributed.memory import GiB
 from ..training.recovery.attempts import RESTARTABLE
+from .hardware import LINK_EFFICIENCY
 from .planner import Plan
 from .resilience import SOURCE as CHECKPOINT_SOURCE
 
@@ -148,7 +149,11 @@ def plan_dict(plan: Plan, command: list[str] | None = None) -> dict:
             "data_parallel_groups": plan.data_parallel,
             "sp_reason": plan.sp_reason,
             "all_to_all_bytes_per_gpu_step": plan.all_to_all_bytes,
-            "all_to_all_priced": False,
+            "all_to_all_seconds_per_step": plan.all_to_all_seconds,
+            "all_to_all_priced": plan.sp > 1 and plan.all_to_all_seconds is not None,
+            "link_gbps_each_way": hw.link_gbps,
+            "link_source": hw.link_source,
+            "link_efficiency": LINK_EFFICIENCY,
             "tensor_parallel": "not planned: not wired into the Trainer yet",
         },
         "memory": {**mem.to_dict(), "usable_bytes": plan.usable_bytes},
@@ -191,6 +196,15 @@ def _ranks(plan: Plan) -> str:
     return f"{world} GPU{'s' if world > 1 else ''}"
 
 
+def _all_to_all(plan: Plan) -> str:
+    """SP's all-to-all per step: its volume and, where the link is known, its time (in the step above)."""
+    sent = f"all-to-all {plan.all_to_all_bytes / GiB:,.1f} GiB sent per GPU per step"
+    if plan.all_to_all_seconds is None:
+        return f"{sent}, not priced ({plan.hardware.link_source}): not in the step time"
+    rate = plan.hardware.link_gbps * LINK_EFFICIENCY
+    return f"{sent} at {rate:g} GB/s = {plan.all_to_all_seconds:.2f} s of the step"
+
+
 def table(plan: Plan) -> str:
     hw, c, mem = plan.hardware, plan.config, plan.memory
     nodes = f"{hw.nodes} nodes x {hw.gpus_per_node}" if hw.nodes > 1 else f"{hw.gpus_per_node}"
@@ -203,6 +217,7 @@ def table(plan: Plan) -> str:
         ("hardware", f"{nodes} x {hw.device} = {hw.world} GPU{'s' if hw.world > 1 else ''}, {hw.precision}"),
         ("", f"peak {hw.peak_tflops:g} TFLOP/s per GPU ({hw.peak_source}); memory {hw.memory_bytes / GiB:.1f} GiB"),
         ("", f"MFU {hw.mfu:.3f} ({hw.mfu_source})"),
+        ("", f"link {f'{hw.link_gbps:g} GB/s each way per GPU' if hw.link_gbps else 'unavailable'} ({hw.link_source})"),
         (
             "budget",
             f"{plan.budget['value']:.4g}{budget}"
@@ -231,7 +246,7 @@ def table(plan: Plan) -> str:
             f"{'on' if plan.checkpointing else 'off'}: {mem.total / GiB:.1f} GiB per GPU of "
             f"{plan.usable_bytes / GiB:.1f} usable (estimator)",
         ),
-        *([("sequence", plan.sp_reason)] if plan.sp > 1 else []),
+        *([("sequence", plan.sp_reason)] if plan.sp_reason else []),
         (
             "schedule",
             f"{plan.schedule}: peak {plan.peak_lr:.3g} (DeepSeek eta_opt), warmup {_si(schedule['warmup_tokens'])} "
@@ -242,6 +257,7 @@ def table(plan: Plan) -> str:
             f"{plan.step_seconds:.2f} s/step, {_si(plan.tokens_per_second)} tokens/s, wall-clock {plan.hours:.1f} h, "
             f"{plan.gpu_hours:,.0f} GPU-hours",
         ),
+        *([("", _all_to_all(plan))] if plan.sp > 1 else []),
     ]
     from ..evaluation.downstream.budget import plan_row
 

@@ -15,23 +15,28 @@ The order of decisions, each from its one home in the package:
    shape that fits without checkpointing if it is at least that size, else the compute-optimal one for that
    compute, with checkpointing. CPU offload is not planned: its speed is the host's, which nothing here
    predicts; a model that does not fit is refused with the largest one that does.
-3b. Sequence parallelism (DeepSpeed Ulysses, `sp_size`) only when the sequence fits no strategy above even with
-   checkpointing: ZeRO-3 (the only stage SP is checked with; `training/sequence_parallel.py`) with the smallest SP
-   degree that fits, without checkpointing first. The degree divides the GPUs per node, so that each attention's
-   four all-to-alls (q, k, v out; the output back) stay on the node's NVLink rather than the slower network
-   between nodes; it divides the heads and the sequence, and the key/value heads are a multiple or a divisor of
-   it (DeepSpeed's rules). What SP refuses is refused here, with its reason: sliding windows and MoE (and
-   `--sharding fsdp2`: Ulysses runs inside DeepSpeed). The launch packs documents GPT-style
-   (`--separate_documents false`) with SDPA attention: Ulysses drops the document mask, and FlashAttention is not
-   checked under SP. Tensor and context parallelism are not planned: they are not wired into the Trainer yet.
-   SP shares each sequence over `sp` ranks, so a step trains (GPUs / sp) x micro-batch rows.
+3b. Sequence parallelism (DeepSpeed Ulysses, `sp_size`), always under ZeRO-3 (the only stage SP is checked with;
+   `training/sequence_parallel.py`). When the sequence fits no strategy above even with checkpointing: per SP degree
+   the setting that fits (without checkpointing first), the cheapest step where the all-to-all is priced (else the
+   smallest degree). When data sharding holds it only with checkpointing: SP without checkpointing instead, where
+   its priced all-to-all costs less than the recompute's 1/3 of the FLOPs (`weigh_sp`; on one node only: ZeRO-3
+   gathers each layer's weights per micro-step, and SP's smaller micro-steps would expose that over the network).
+   The degree divides the GPUs per node, so that each attention's four all-to-alls (q, k, v out; the output back)
+   stay on the node's NVLink rather than the slower network between nodes; it divides the heads and the sequence,
+   and the key/value heads are a multiple or a divisor of it (DeepSpeed's rules). What SP refuses is refused here,
+   with its reason: sliding windows and MoE (and `--sharding fsdp2`: Ulysses runs inside DeepSpeed). The launch
+   packs documents GPT-style (`--separate_documents false`) with SDPA attention: Ulysses drops the document mask,
+   and FlashAttention is not checked under SP. Tensor and context parallelism are not planned: they are not wired
+   into the Trainer yet. SP shares each sequence over `sp` ranks, so a step trains (GPUs / sp) x micro-batch rows.
 4. The tokens: what the budget pays for at that shape (hours x GPUs x peak x MFU, or FLOPs / FLOPs per token).
 5. The batch and learning rate from DeepSeek LLM's fits in compute; micro-batch x accumulation x GPUs rounded to
    the fit; the schedule positioned in tokens (`training/schedules.py` reads `total_tokens`, `warmup_tokens`;
    warmup 0.8 % of the tokens, at least one optimizer step).
-6. The prediction: tokens/s = GPUs x peak x MFU / FLOPs per token (x 4/3 with checkpointing), step time,
-   wall-clock, GPU-hours. SP's all-to-all is not priced (the chip table holds no interconnect bandwidth and the
-   MFU assumptions are of runs without SP): the plan says so and gives its volume per GPU and step.
+6. The prediction: tokens/s = GPUs x peak x MFU / (FLOPs per token x cost), cost = 4/3 with checkpointing plus
+   SP's all-to-all time over the compute time (`step_cost`): the bytes each GPU sends over the chip table's link
+   (each way) x `LINK_EFFICIENCY`, not overlapped (the all-to-alls sit between the projections and attention).
+   A chip without a link figure (or `--link-gbps`) gets its all-to-all unpriced, said so, with its volume.
+   Then step time, wall-clock, GPU-hours.
 7. The checkpoint interval: Young's rule from one save's stall and the job's time between failures
    (`resilience.py`).
 """
@@ -45,7 +50,7 @@ from ..distributed.memory import BYTES_PER_PARAMETER, GiB, MemoryEstimate, estim
 from ..modeling.accounting import SLIDING, attention_widths, count_parameters, flops_per_token
 from ..modeling.configuration import PretrainConfig
 from . import scaling
-from .hardware import PLANNED_RECIPES, Hardware, PlanRefused, resolve_hardware
+from .hardware import LINK_EFFICIENCY, PLANNED_RECIPES, Hardware, PlanRefused, resolve_hardware
 from .resilience import CheckpointPlan, checkpoint_plan, run_resilience
 
 DEFAULT_MARGIN = 0.15
@@ -98,6 +103,7 @@ class PlanRequest:
     margin: float = DEFAULT_MARGIN
     peak_tflops: float | None = None
     device_memory_gb: float | None = None
+    link_gbps: float | None = None  # GB/s each way, one GPU to the rest of its node (default: the chip table)
     checkpoint_seconds: float | None = None  # one save's stall of the training loop (default: estimated)
     mtbf_hours: float | None = None  # the job's mean time between failures (default: Llama 3's rate per GPU)
     goodput_from: str | None = None  # a run whose goodput gives both (the flags above win)
@@ -115,7 +121,7 @@ class PlanRequest:
                 f"(examples/pretrain.py): use at least {MIN_VOCAB_SIZE} (256 bytes + special tokens), e.g. 32768."
             )
         for name in ("hours", "tokens", "flops", "data_tokens", "params", "tokens_per_param", "peak_tflops",
-                     "checkpoint_seconds", "mtbf_hours"):  # fmt: skip
+                     "link_gbps", "checkpoint_seconds", "mtbf_hours"):  # fmt: skip
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"--{name.replace('_', '-')}={value!r} must be positive.")
@@ -155,7 +161,7 @@ class Plan:
     checkpoints: CheckpointPlan | None = None
     warnings: list[str] = field(default_factory=list)
     sp: int = 1  # Ulysses sequence-parallel degree
-    sp_reason: str | None = None  # why SP was chosen, for the plan's text
+    sp_reason: str | None = None  # why SP was chosen, or why not where checkpointing is on, for the plan's text
 
     @property
     def data_parallel(self) -> int:
@@ -163,17 +169,23 @@ class Plan:
         return self.hardware.world // self.sp
 
     @property
-    def all_to_all_bytes(self) -> int:
-        """Bytes one GPU sends in SP's all-to-alls per optimizer step (0 without SP): per layer and pass (forward,
-        backward, the recompute) q, k, v and the attention's output of its shard, (sp - 1) / sp of them leaving it."""
+    def all_to_all_bytes(self) -> float:
+        """Bytes one GPU sends in SP's all-to-alls per optimizer step (0 without SP)."""
+        shard_tokens = self.seq_len // self.sp * self.micro_batch * self.grad_accum
+        return all_to_all_per_token(self.config, self.sp, self.hardware.precision, self.checkpointing) * shard_tokens
+
+    @property
+    def all_to_all_seconds(self) -> float | None:
+        """SP's all-to-all time per optimizer step at the link's achievable rate; None when the link is unknown."""
         if self.sp == 1:
-            return 0
-        q, k = attention_widths(self.config)[0], ulysses_kv_width(self.config, self.sp)
-        element = BYTES_PER_PARAMETER[self.hardware.precision][3]
-        tokens = self.seq_len // self.sp * self.micro_batch * self.grad_accum
-        passes = 3 if self.checkpointing else 2
-        per_layer = element * tokens * (2 * q + 2 * k) * (self.sp - 1) // self.sp
-        return per_layer * passes * self.config.num_hidden_layers
+            return 0.0
+        rate = link_rate(self.hardware)
+        return None if rate is None else self.all_to_all_bytes / rate
+
+    @property
+    def cost(self) -> float:
+        """Seconds per token over the model FLOPs' seconds at the MFU: the recompute and the priced all-to-all."""
+        return step_cost(self.config, self.seq_len, self.hardware, self.sp, self.checkpointing)
 
     @property
     def parameters(self) -> int:
@@ -201,8 +213,7 @@ class Plan:
 
     @property
     def tokens_per_second(self) -> float:
-        cost = CHECKPOINTING_COST if self.checkpointing else 1.0
-        return self.hardware.sustained_flops / (self.flops_per_token * cost)
+        return self.hardware.sustained_flops / (self.flops_per_token * self.cost)
 
     @property
     def step_seconds(self) -> float:
@@ -219,6 +230,42 @@ class Plan:
     @property
     def epochs(self) -> float | None:
         return None if self.data_tokens is None else self.tokens / self.data_tokens
+
+
+def all_to_all_per_token(config, sp: int, precision: str, checkpointing: bool) -> float:
+    """Bytes one GPU sends in SP's all-to-alls per token of its shard: per layer and pass (forward, backward, the
+    recompute) q, k, v and the attention's output, (sp - 1) / sp of them leaving it (0 without SP)."""
+    if sp == 1:
+        return 0.0
+    q, k = attention_widths(config)[0], ulysses_kv_width(config, sp)
+    element = BYTES_PER_PARAMETER[precision][3]
+    passes = 3 if checkpointing else 2
+    return element * (2 * q + 2 * k) * (sp - 1) / sp * passes * config.num_hidden_layers
+
+
+def link_rate(hw: Hardware) -> float | None:
+    """Bytes per second an all-to-all sends from one GPU: the link each way x `LINK_EFFICIENCY`; None unknown."""
+    return None if hw.link_gbps is None else hw.link_gbps * 1e9 * LINK_EFFICIENCY
+
+
+def all_to_all_share(config, seq_len: int, hw: Hardware, sp: int, checkpointing: bool) -> float | None:
+    """SP's all-to-all time per token over the model FLOPs' time per token at the MFU (0 without SP; None when the
+    link is unknown). The all-to-alls sit between the projections and attention, on the critical path: not
+    overlapped with compute."""
+    if sp == 1:
+        return 0.0
+    rate = link_rate(hw)
+    if rate is None:
+        return None
+    compute = flops_per_token(config, seq_len) / (hw.peak_tflops * 1e12 * hw.mfu)
+    return all_to_all_per_token(config, sp, hw.precision, checkpointing) / rate / compute
+
+
+def step_cost(config, seq_len: int, hw: Hardware, sp: int, checkpointing: bool) -> float:
+    """Seconds per token over the model FLOPs' seconds at the MFU: 4/3 with the recompute, plus the all-to-all's
+    share where priced (an unpriced one adds nothing: the plan says so)."""
+    share = all_to_all_share(config, seq_len, hw, sp, checkpointing)
+    return (CHECKPOINTING_COST if checkpointing else 1.0) + (share or 0.0)
 
 
 def _estimate(config, strategy: Strategy, hw: Hardware, seq_len: int, micro: int, checkpointing: bool, sp: int = 1):
@@ -282,8 +329,8 @@ def _refuse_memory(config, hw: Hardware, request: PlanRequest, usable: float, st
     fitting = next(
         (
             c
-            for layers in reversed(scaling.LAYERS)
-            if _estimate(c := scaling.shape(layers, **shape_args), last, hw, request.seq_len, 1, True).total <= usable
+            for c in reversed(scaling.family(**shape_args))
+            if _estimate(c, last, hw, request.seq_len, 1, True).total <= usable
         ),
         None,
     )
@@ -334,8 +381,9 @@ def sp_degrees(config, hw: Hardware, seq_len: int) -> list[int]:
 
 
 def fit_sequence_parallel(config, request: PlanRequest, hw: Hardware, usable: float):
-    """(ZeRO-3, checkpointing, micro-batch, sp) with the smallest SP degree that fits (without checkpointing
-    first), for a sequence no data sharding holds; PlanRefused when SP cannot run this model or nothing fits."""
+    """(ZeRO-3, checkpointing, micro-batch, sp) for a sequence no data sharding holds: per SP degree, without
+    checkpointing if it fits, else with; of those, the cheapest step where the all-to-all is priced, else the
+    smallest degree. PlanRefused when SP cannot run this model or nothing fits."""
     blocker = sp_blocker(config, request.sharding)
     seq = request.seq_len
     what = f"a sequence of {seq} tokens does not fit with data sharding and activation checkpointing alone"
@@ -349,24 +397,72 @@ def fit_sequence_parallel(config, request: PlanRequest, hw: Hardware, usable: fl
             f"node, the {config.num_attention_heads} heads and the sequence, and the {kv} key/value heads must be a "
             f"multiple or a divisor of it; pass --params for a shape whose heads allow it, or a shorter --seq-len."
         )
-    zero3 = STRATEGIES["zero3"]
+    zero3, fits = STRATEGIES["zero3"], []
     for sp in degrees:
         for checkpointing in (False, True):
             micro = largest_micro_batch(config, zero3, hw, seq, usable, checkpointing, sp)
             if micro:
-                return zero3, checkpointing, micro, sp
-    _refuse_memory(config, hw, request, usable, [zero3], degrees[-1])
+                fits.append((zero3, checkpointing, micro, sp))
+                break
+        if fits and link_rate(hw) is None:
+            break
+    if not fits:
+        _refuse_memory(config, hw, request, usable, [zero3], degrees[-1])
+    return min(fits, key=lambda f: step_cost(config, seq, hw, f[3], f[1]))
 
 
-def sp_reason(config, hw: Hardware, seq_len: int, usable: float, sp: int) -> str:
+def all_to_all_words(config, seq_len: int, hw: Hardware, sp: int, checkpointing: bool) -> str:
+    """What SP's all-to-all costs, in words: its share of the compute at the link's rate, or why it is not priced."""
+    share = all_to_all_share(config, seq_len, hw, sp, checkpointing)
+    if share is None:
+        return f"its all-to-all is not priced ({hw.link_source}; pass --link-gbps)"
+    return (
+        f"its all-to-all costs {share:.1%} of the compute time ({hw.link_gbps:g} GB/s each way, {hw.link_source}, "
+        f"x {LINK_EFFICIENCY:g} reached by NCCL)"
+    )
+
+
+def sp_reason(config, hw: Hardware, seq_len: int, usable: float, sp: int, checkpointing: bool) -> str:
     """Why the plan splits each sequence: what one GPU would need without SP, why this degree."""
     alone = _estimate(config, STRATEGIES["zero3"], hw, seq_len, 1, True).total
+    which = "the cheapest degree" if link_rate(hw) else "the smallest degree"
     return (
         f"Ulysses SP {sp}: {seq_len} tokens need {alone / GiB:.1f} GiB per GPU with ZeRO-3 and checkpointing alone "
-        f"(of {usable / GiB:.1f} usable); {sp} is the smallest degree that fits and divides the "
-        f"{hw.gpus_per_node} GPUs per node (its all-to-all stays on the node's links), the "
-        f"{config.num_attention_heads} heads ({config.num_key_value_heads} KV) and the sequence: each GPU holds "
-        f"{seq_len // sp} tokens of every row"
+        f"(of {usable / GiB:.1f} usable); {sp} is {which} that fits and divides the {hw.gpus_per_node} GPUs per "
+        f"node (its all-to-all stays on the node's links), the {config.num_attention_heads} heads "
+        f"({config.num_key_value_heads} KV) and the sequence: each GPU holds {seq_len // sp} tokens of every row; "
+        + all_to_all_words(config, seq_len, hw, sp, checkpointing)
+    )
+
+
+def weigh_sp(config, request: PlanRequest, hw: Hardware, usable: float, fit) -> tuple[tuple | None, str | None]:
+    """Ulysses SP without checkpointing against data sharding with it (`fit`): (SP's fit, why) when its priced
+    all-to-all costs less than the recompute (1/3 of the FLOPs), else (None, why not; None where SP cannot run this
+    model at all). Weighed within one node only: ZeRO-3 gathers every layer's weights once per micro-step, and SP
+    shrinks a micro-step's tokens per GPU by its degree; over NVLink that stays hidden behind the compute, over the
+    network between nodes (whose bandwidth the planner does not know) it may not."""
+    seq = request.seq_len
+    recompute = f"{fit[0].label} holds {seq} tokens only with activation checkpointing (the recompute: +1/3 FLOPs)"
+    degrees = sp_degrees(config, hw, seq) if hw.world > 1 and not sp_blocker(config, request.sharding) else []
+    if not degrees:
+        return None, None
+    if hw.nodes > 1:
+        return None, (
+            f"{recompute}; Ulysses SP without it is not weighed over {hw.nodes} nodes: ZeRO-3's weight gathers, with "
+            "SP's fewer tokens per GPU and micro-step, would cross the network between nodes, not priced here"
+        )
+    zero3 = STRATEGIES["zero3"]
+    fits = [(sp, m) for sp in degrees if (m := largest_micro_batch(config, zero3, hw, seq, usable, False, sp))]
+    if not fits:
+        return None, f"{recompute}; no Ulysses SP degree of {hw.gpus_per_node} GPUs holds it without checkpointing"
+    sp, micro = min(fits, key=lambda f: step_cost(config, seq, hw, f[0], False))
+    share = all_to_all_share(config, seq, hw, sp, False)
+    words = all_to_all_words(config, seq, hw, sp, False)
+    if share is None or 1 + share >= CHECKPOINTING_COST:
+        return None, f"{recompute}; Ulysses SP {sp} (ZeRO-3) would hold it without, but {words}"
+    return (zero3, False, micro, sp), (
+        f"Ulysses SP {sp} (ZeRO-3) without activation checkpointing: {recompute}; with SP {sp} each GPU holds "
+        f"{seq // sp} tokens of every row and {words}, less than the recompute's 33 %"
     )
 
 
@@ -409,10 +505,11 @@ def choose_model(request: PlanRequest, hw: Hardware, cost: float = 1.0) -> tuple
     return config, budget
 
 
-def budget_tokens(budget: dict, fpt: float, checkpointing: bool) -> float:
-    """Tokens the budget trains: checkpointing's recompute spends hours, not model FLOPs."""
+def budget_tokens(budget: dict, fpt: float, cost: float = 1.0) -> float:
+    """Tokens the budget trains: `cost` (seconds per token over the model FLOPs', `step_cost`: the recompute, SP's
+    all-to-all) spends hours, not model FLOPs."""
     if budget["kind"] == "hours":
-        return budget["flops"] / (fpt * (CHECKPOINTING_COST if checkpointing else 1.0))
+        return budget["flops"] / (fpt * cost)
     return budget["flops"] / fpt if budget["kind"] == "flops" else budget["value"]
 
 
@@ -426,7 +523,7 @@ def sequences_per_gpu(config, tokens: float, seq_len: int, world: int) -> tuple[
 def _fit(config, request: PlanRequest, hw: Hardware, budget: dict, usable: float, options=(False, True)):
     seq = request.seq_len
     strategies = candidate_strategies(hw, request.sharding)
-    *_, wanted = sequences_per_gpu(config, budget_tokens(budget, flops_per_token(config, seq), False), seq, hw.world)
+    *_, wanted = sequences_per_gpu(config, budget_tokens(budget, flops_per_token(config, seq)), seq, hw.world)
     wanted = max(1, min(wanted, WANTED_MICRO_TOKENS // seq))
     return fit_memory(config, hw, seq, usable, strategies, wanted, options)
 
@@ -442,8 +539,10 @@ def resize_for_recompute(request: PlanRequest, hw: Hardware, config, budget: dic
         window_pattern=request.window_pattern,
         sliding_window=request.sliding_window,
     )
-    for layers in range(config.num_hidden_layers - 1, optimal.num_hidden_layers - 1, -1):
-        candidate = scaling.shape(layers, **shape_args)
+    low, high = count_parameters(optimal), count_parameters(config)
+    for candidate in reversed(scaling.family(**shape_args)):
+        if not low <= count_parameters(candidate) < high:
+            continue
         fit = _fit(candidate, request, hw, budget, usable, options=(False,))
         if fit is not None:
             warning = (
@@ -460,16 +559,22 @@ def make_plan(request: PlanRequest) -> Plan:
     config, budget = choose_model(request, hw)
     seq = request.seq_len
     usable = int(hw.memory_bytes * (1 - request.margin))
-    fit, sp, resized = _fit(config, request, hw, budget, usable), 1, None
+    fit, sp, resized, why = _fit(config, request, hw, budget, usable), 1, None, None
     if fit is None and hw.world > 1:  # the sequence: shared over GPUs of a node
         *fit, sp = fit_sequence_parallel(config, request, hw, usable)
+        why = sp_reason(config, hw, seq, usable, sp, fit[1])
     elif fit is None:
         _refuse_memory(config, hw, request, usable, candidate_strategies(hw, request.sharding))
-    elif fit[1] and budget["kind"] == "hours" and request.params is None:  # the recompute is paid from the hours
-        config, fit, resized = resize_for_recompute(request, hw, config, budget, usable)
+    elif fit[1]:  # checkpointing, or SP without it where its all-to-all costs less
+        chosen, why = weigh_sp(config, request, hw, usable, fit)
+        if chosen is None and budget["kind"] == "hours" and request.params is None:  # the recompute: from the hours
+            config, fit, resized = resize_for_recompute(request, hw, config, budget, usable)
+            chosen, why = weigh_sp(config, request, hw, usable, fit) if fit[1] else (None, None)
+        if chosen is not None:
+            *fit, sp = chosen
     strategy, checkpointing, max_micro = fit
     fpt = flops_per_token(config, seq)
-    tokens = budget_tokens(budget, fpt, checkpointing)
+    tokens = budget_tokens(budget, fpt, step_cost(config, seq, hw, sp, checkpointing))
     groups = hw.world // sp  # data-parallel groups: each trains its own rows
     compute, batch_opt, per_gpu = sequences_per_gpu(config, tokens, seq, groups)
     micro = 2 ** int(math.log2(min(max_micro, per_gpu)))
@@ -507,7 +612,7 @@ def make_plan(request: PlanRequest) -> Plan:
         data_tokens=request.data_tokens,
         budget=budget,
         sp=sp,
-        sp_reason=sp_reason(config, hw, seq, usable, sp) if sp > 1 else None,
+        sp_reason=why,
     )
     state = plan.memory.parameters + plan.memory.optimizer_states  # what one rank's checkpoint stages
     measured = run_resilience(request.goodput_from) if request.goodput_from else None
@@ -521,8 +626,9 @@ def data_advice(plan: Plan) -> str:
     """What to do when the data is too small for the plan: the model 4 epochs of it suit, or more data."""
     useful = scaling.MAX_USEFUL_EPOCHS * plan.data_tokens
     suited = useful / plan.tokens_per_param_target
+    layers, width = scaling.family_grid(plan.config.vocab_size)[0]
     smallest = count_parameters(
-        scaling.shape(scaling.LAYERS[0], plan.config.vocab_size, plan.seq_len, **_windows(plan.config))
+        scaling.shape(layers, plan.config.vocab_size, plan.seq_len, **_windows(plan.config), width=width)
     )
     if suited >= smallest:
         return (
@@ -565,10 +671,11 @@ def warnings_for(plan: Plan) -> list[str]:
     if plan.checkpointing:
         out.append("activation checkpointing is on: each step recomputes the forward (4/3 of the FLOPs)")
     if plan.sp > 1:
-        out.append(
-            f"SP's all-to-all ({plan.all_to_all_bytes / GiB:,.1f} GiB sent per GPU per step) is not in the predicted "
-            "tokens/s: the chip table has no interconnect bandwidth and the MFU is of runs without SP"
-        )
+        if plan.all_to_all_seconds is None:
+            out.append(
+                f"SP's all-to-all ({plan.all_to_all_bytes / GiB:,.1f} GiB sent per GPU per step) is not in the "
+                f"predicted tokens/s: {plan.hardware.link_source} (pass --link-gbps)"
+            )
         out.append(
             "SP: documents packed GPT-style (--separate_documents false; Ulysses drops the document mask) and SDPA "
             "attention (--attention_backend sdpa; FlashAttention is not checked under SP)"
