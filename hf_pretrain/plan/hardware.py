@@ -147,7 +147,7 @@ def resolve_hardware(request) -> Hardware:
     link, link_source = request.link_gbps, "--link-gbps"
     if link is None:
         link = link_gbps(request.device)
-        link_source = "the chip table (chips.py)" if link else f"unavailable: no link figure for {request.device!r}"
+        link_source = "chips.py" if link else f"no link figure for {request.device!r} in chips.py"
     return Hardware(
         request.device,
         request.gpus,
