@@ -23,32 +23,39 @@ done here so that a `parallelism_config` with `sp_size > 1` (an argument, or the
    mismatch); an explicitly different one is refused. The parallelism config is copied, never written to.
    After the attention preflight pins the plan, every layer type must run exactly that kernel: Ulysses wraps one
    entry of `ALL_ATTENTION_FUNCTIONS`, and a layer on another kernel would attend within its shard, silently.
-3. `position_ids` in every training batch (the adapter refuses a batch without them): `PositionIds` wraps the
-   collator for the training loader only and adds 0..T-1 per row when the collator gives none.
+3. The mask. DeepSpeed's wrapper drops the model's attention mask (built for the local shard; a whole one would be
+   s x s, it says) and calls the kernel with the whole sequence of 1/sp of the heads and the all-gathered
+   `position_ids`. Stock SDPA would then run plain causal attention over the whole row, across windows and document
+   boundaries (measured: the first step's loss 7.7e-3 off for windows, 9.6e-3 for packed documents). So
+   `check_trainer` registers `FullSequenceSdpa` as the SP kernel before `prepare` (which wraps whatever the registry
+   holds): it rebuilds each layer's mask from the gathered positions with the model's own builder (a document where
+   the positions restart, the layer's `sliding_window`, causal). Against one process (2 gloo ranks, ZeRO-3, a window
+   layer and a full one over ~4.6 packed documents a row, 6 steps) the losses agree within 9.5e-7, as plain SP's
+   do (4.8e-7): tests/distributed/test_sequence_parallel.py. The cost is the one-process run's: a dense s x s
+   boolean mask per layer type for rows with windows or documents (see `FullSequenceSdpa`); plain rows get none.
+   With Ulysses off in evaluation (`sp_disable_in_eval`, the default) the wrapper still drops the mask, and the same
+   rebuild from the local positions keeps windows and documents there too.
+4. `position_ids` in every training batch (the adapter refuses a batch without them): `PositionIds` wraps the
+   collator for the training loader only and adds 0..T-1 per row when the collator gives none. The padding mask is
+   dropped as well: right padding needs none (a causal query never sees the padding after it), left padding is
+   refused in one line by the same wrapper.
 
 Refused in one line before any work (`check_arguments` in `PretrainingArguments`, `check_trainer` at the end of
 `PretrainTrainer.__init__`, `check_attention_plan` after the preflight), each found by running it or by reading the
-code that would run (the windows, packed documents and MoE lines by running them):
+code that would run (the MoE line by running it):
 - SP without DeepSpeed, an SP size that does not divide the processes, ZeRO stages other than 3 (the only one
   checked against one process; DeepSpeed averages or sums the SP group's gradients differently per stage and
   version, see transformers' `deepspeed_sp_compute_loss`);
 - heads not divisible (`num_attention_heads % sp`, and `num_key_value_heads` neither a multiple nor a divisor of
   `sp`: DeepSpeed's rule), a sequence length not divisible by `sp` (the adapter's rule);
-- sliding windows and packed documents: the Ulysses wrapper drops the attention mask (built for the local shard)
-  and SDPA then runs plain causal attention over the whole sequence, across windows and document boundaries. The
-  document boundaries do reach the kernel (DeepSpeed all-gathers `position_ids` and passes them on, and RoPE
-  restarts per document on every shard), but SDPA reads only the mask, never the positions. Measured with the
-  refusals lifted (2 gloo ranks, ZeRO-3, tiny preset of 2 layers, 8 rows of 32 tokens, 6 steps, against one
-  process; the plain SP run agrees within 4.8e-7): windows (`window_pattern="SL"`, `sliding_window=8`) differ by
-  7.7e-3 on the first step's loss (same weights) and up to 1.9e-2 by step 4; packed documents
-  (`PackedDocumentCollator`, ~4.7 documents a row) by 9.6e-3 on the first step and up to 7.5e-2 by step 4 (lower
-  from step 3: each token also sees the documents before it);
 - mixture of experts: the router's auxiliary (load-balancing) loss is computed on each shard and averaged
-  token-weighted, not the loss of the whole sequence. Measured the same way (4 experts, top-2, coefficient 0.01):
+  token-weighted, not the loss of the whole sequence. Measured with the refusal lifted (2 gloo ranks, ZeRO-3, tiny
+  preset of 2 layers, 8 rows of 32 tokens, 6 steps, against one process; 4 experts, top-2, coefficient 0.01):
   the first step's aux loss is 1.00470 for the whole rows and 1.00813 / 1.00321 on the two halves (mean 1.00567,
   +9.7e-4), the loss +1.1e-5 (the z-loss is a per-token mean, exact), up to 2.9e-4 within 6 steps;
 - FlashAttention: hf_pretrain's model passes `cu_seqlens` of the local shard to FA layers when batches carry
-  `position_ids` (model.py `_flash_varlen_kwargs`), wrong after the all-to-all; GPU-only, not yet checked.
+  `position_ids` (model.py `_flash_varlen_kwargs`), wrong after the all-to-all; GPU-only, not yet checked (the
+  mask rebuild above is SDPA's).
 Left to the Trainer: the chunked loss needs nothing (it takes `shift_labels`; the Trainer turns off
 `num_items_in_batch` under SP and weights by the shards' target counts). With gradient accumulation each micro-batch
 is a per-token mean, averaged over micro-batches: exact for rows without padding.
@@ -60,10 +67,14 @@ import contextlib
 import copy
 import dataclasses
 import os
+import weakref
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..modeling.accounting import SLIDING
+from ..modeling.accounting import FULL, SLIDING
+from ..modeling.attention import build_attention_masks
 
 CHECKED_KERNELS = ("sdpa",)  # run against one process here (CPU gloo); FlashAttention: see the module docstring
 
@@ -109,16 +120,17 @@ def check_trainer(trainer) -> None:
     from ..telemetry.throughput import sequence_length
 
     zero = trainer.accelerator.state.deepspeed_plugin.zero_stage if trainer.is_deepspeed_enabled else None
-    kernel = check_run(config, trainer.model, trainer.data_collator, sequence_length(trainer), zero)
+    kernel = check_run(config, trainer.model, sequence_length(trainer), zero)
     _init_deepspeed_comm()
+    ALL_ATTENTION_FUNCTIONS[kernel] = FullSequenceSdpa()  # what Ulysses wraps at `prepare` (module docstring, 3.)
     config = copy.copy(config)  # the user's config stays theirs
     config.sp_handler = dataclasses.replace(config.sp_handler, sp_attn_implementation=kernel)
     trainer.accelerator.state.parallelism_config = config
 
 
-def check_run(config, model, collator, seq_len: int | None, zero_stage: int | None) -> str:
-    """The SP kernel (the model's), or the one line that says what breaks: DeepSpeed stage, heads, windows, MoE,
-    packed documents, sequence length, kernel."""
+def check_run(config, model, seq_len: int | None, zero_stage: int | None) -> str:
+    """The SP kernel (the model's), or the one line that says what breaks: DeepSpeed stage, heads, MoE, sequence
+    length, kernel. Windows and packed documents pass: `FullSequenceSdpa` rebuilds their mask."""
     sp = config.sp_size
     if zero_stage != 3:
         _refuse(sp, "checked only with DeepSpeed ZeRO-3", "use ds_configs/zero3.json")
@@ -130,22 +142,8 @@ def check_run(config, model, collator, seq_len: int | None, zero_stage: int | No
             f"num_attention_heads={heads} must be divisible by it and num_key_value_heads={kv} a multiple or a divisor",
             "pick an sp_size that divides the heads",
         )
-    if SLIDING in (getattr(text, "layer_types", None) or []):
-        _refuse(
-            sp,
-            "sliding windows would attend over the whole sequence (Ulysses drops the mask)",
-            "use window_pattern='L'",
-        )
     if getattr(text, "num_experts", 0):
         _refuse(sp, "MoE's router loss would be computed per sequence shard", "train MoE without SP")
-    from .wiring import packed_documents
-
-    if packed_documents(collator):
-        _refuse(
-            sp,
-            "packed documents would attend across their boundaries (Ulysses drops the mask; SDPA runs plain causal)",
-            "collate with separate_documents=False",
-        )
     if seq_len and seq_len % sp:
         _refuse(sp, f"the sequence length {seq_len} is not divisible by it", f"use a multiple of {sp} tokens per row")
     kernel = model.config._attn_implementation
@@ -190,14 +188,71 @@ def check_attention_plan(trainer) -> None:
         )
 
 
+class FullSequenceSdpa:
+    """transformers' SDPA with the mask Ulysses drops rebuilt for the whole sequence (module docstring, 3.).
+
+    DeepSpeed's wrapper discards the model's mask (built for the local shard) and calls this with the whole sequence
+    of 1/sp of the heads and the all-gathered `position_ids`. The mask is rebuilt from those by the model's own helper
+    (`build_attention_masks`, transformers' builders): a new document where the positions restart, the layer's
+    window from its `sliding_window` (the attention interface's argument; the window layers' config view carries the
+    same value), causal. A row with neither gets no mask and SDPA runs `is_causal`, as in one process. With a mask
+    given (no Ulysses), or a key longer than the query (a KV cache), it is plain SDPA.
+
+    Memory: the rebuilt mask is the whole row's, b x s x s booleans per layer type, the size the one-process run
+    builds (SP does not divide it: 1 GiB a row at s = 32k) and what the memory estimator prices
+    (`attention_mask_bytes` takes the whole sequence). It is shared by the layers of a type through a weak
+    reference: nothing is kept that a kernel does not hold for its backward, and a kernel that keeps it keeps one
+    mask per layer type, not one per layer.
+    """
+
+    def __init__(self):
+        self._masks: dict[tuple, tuple[torch.Tensor, weakref.ref]] = {}  # (window, batch) -> (positions, mask)
+
+    def __call__(self, module, query, key, value, attention_mask, position_ids=None, sliding_window=None, **kwargs):
+        whole = position_ids is not None and query.shape[-2] == key.shape[-2] == position_ids.shape[-1]
+        if attention_mask is None and whole:
+            attention_mask = self.mask(module, query, position_ids, sliding_window)
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            position_ids=position_ids,
+            sliding_window=sliding_window,
+            **kwargs,
+        )
+
+    def mask(self, module, query, position_ids: torch.Tensor, sliding_window: int | None) -> torch.Tensor | None:
+        """The layer's mask over the whole sequence: causal, within documents, within its window."""
+        slot = (sliding_window, query.shape[0])
+        positions, mask = self._masks.get(slot, (None, lambda: None))
+        mask = mask()
+        if mask is not None and positions.shape == position_ids.shape and torch.equal(positions, position_ids):
+            return mask
+        layer_type = FULL if sliding_window is None else SLIDING
+        shape = query.new_empty((query.shape[0], query.shape[-2], 0))  # what the builders read: batch, length, device
+        mask = build_attention_masks({layer_type: module.config}, shape, None, None, position_ids)[layer_type]
+        if mask is not None:
+            self._masks[slot] = (position_ids, weakref.ref(mask))
+        return mask
+
+
 @dataclasses.dataclass
 class PositionIds:
-    """The training collator, plus `position_ids` 0..T-1 per row when it gives none (Ulysses needs them)."""
+    """The training collator, plus `position_ids` 0..T-1 per row when it gives none (Ulysses needs them); a
+    left-padded batch is refused: Ulysses drops the padding mask, and only right padding needs none."""
 
     collator: object
 
     def __call__(self, features):
         batch = self.collator(features)
+        padding = batch.get("attention_mask")
+        if padding is not None and (padding[:, 1:] > padding[:, :-1]).any():  # a token after padding
+            raise ValueError(
+                "attention_mask: padding before tokens (left padding) under sequence parallelism, whose attention "
+                "drops the padding mask; pad on the right (tokenizer.padding_side='right') (docs/distributed.md)."
+            )
         if "position_ids" not in batch:
             rows, length = batch["input_ids"].shape
             batch["position_ids"] = torch.arange(length).expand(rows, length).clone()

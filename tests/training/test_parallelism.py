@@ -1,18 +1,20 @@
 """Tensor and context parallelism on CPU processes are refused in one line, before any work (docs/distributed.md):
 accelerate refuses a ParallelismConfig under DistributedType.MULTI_CPU, and torch's context parallel has no CPU
 SDPA sharding rule. DeepSpeed Ulysses sequence parallelism runs on gloo (tests/distributed/test_sequence_parallel.py);
-what breaks under it is refused in one line (hf_pretrain/training/sequence_parallel.py)."""
+what breaks under it is refused in one line, and the mask its attention drops is rebuilt for the whole sequence
+(hf_pretrain/training/sequence_parallel.py)."""
 
 import types
 from pathlib import Path
 
 import pytest
+import torch
 from accelerate import ParallelismConfig
-from transformers import DataCollatorWithFlattening
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from hf_pretrain import PretrainForCausalLM
-from hf_pretrain.data.collator import PackedDocumentCollator
-from hf_pretrain.training.sequence_parallel import PositionIds, check_arguments, check_run
+from hf_pretrain.modeling.attention import build_attention_masks
+from hf_pretrain.training.sequence_parallel import FullSequenceSdpa, PositionIds, check_arguments, check_run
 from tests.conftest import quick_args, small_config
 
 ZERO3 = str(Path(__file__).resolve().parents[2] / "ds_configs" / "zero3.json")
@@ -60,48 +62,90 @@ def test_the_launch_config_keys_are_read(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "case, overrides, collator, seq_len, zero, message",
+    "case, overrides, seq_len, zero, message",
     [
-        ("zero2", {}, None, 32, 2, "checked only with DeepSpeed ZeRO-3"),
-        ("no deepspeed stage", {}, None, 32, None, "checked only with DeepSpeed ZeRO-3"),
-        ("heads", {"num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 64}, None, 32, 3, None),
-        ("kv heads", {"num_key_value_heads": 1}, None, 32, 3, None),
-        ("windows", {"window_pattern": "SL", "sliding_window": 8}, None, 32, 3, "sliding windows"),
-        ("moe", {"num_experts": 4, "num_experts_per_tok": 2}, None, 32, 3, "MoE"),
-        ("packed", {}, PackedDocumentCollator(eos_token_id=2), 32, 3, "packed documents"),
-        ("flattening", {}, DataCollatorWithFlattening(), 32, 3, "packed documents"),
-        ("seq len", {}, None, 33, 3, "sequence length 33 is not divisible"),
+        ("zero2", {}, 32, 2, "checked only with DeepSpeed ZeRO-3"),
+        ("no deepspeed stage", {}, 32, None, "checked only with DeepSpeed ZeRO-3"),
+        ("heads", {"num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 64}, 32, 3, None),
+        ("kv heads", {"num_key_value_heads": 1}, 32, 3, None),
+        ("moe", {"num_experts": 4, "num_experts_per_tok": 2}, 32, 3, "MoE"),
+        ("seq len", {}, 33, 3, "sequence length 33 is not divisible"),
     ],
 )
-def test_what_breaks_under_sequence_parallelism_is_refused(case, overrides, collator, seq_len, zero, message):
+def test_what_breaks_under_sequence_parallelism_is_refused(case, overrides, seq_len, zero, message):
     sp = 4 if case == "heads" else 2
     model = PretrainForCausalLM(small_config(**overrides))
     if case == "kv heads":  # 1 KV head: a divisor of sp, DeepSpeed replicates it; passes
-        assert check_run(ParallelismConfig(sp_size=2), model, None, seq_len, zero) == "sdpa"
+        assert check_run(ParallelismConfig(sp_size=2), model, seq_len, zero) == "sdpa"
         return
     if message is None:
         message = "num_attention_heads=2 must be divisible"
     with pytest.raises(ValueError, match=rf"^parallelism_config\.sp_size={sp}: .*{message}"):
-        check_run(ParallelismConfig(sp_size=sp), model, collator, seq_len, zero)
+        check_run(ParallelismConfig(sp_size=sp), model, seq_len, zero)
+
+
+def test_windows_pass_under_sequence_parallelism():
+    """Windows (and packed documents, which check_run no longer looks at) run: FullSequenceSdpa rebuilds the mask
+    (tests/distributed/test_sequence_parallel.py follows the one-process curve with both)."""
+    model = PretrainForCausalLM(small_config(window_pattern="SL", sliding_window=8))
+    assert check_run(ParallelismConfig(sp_size=2), model, 32, 3) == "sdpa"
+
+
+def test_the_mask_ulysses_drops_is_rebuilt_from_the_whole_positions():
+    """Each layer's kernel, given no mask (what DeepSpeed's wrapper passes) and the gathered positions of two
+    documents a row, computes what SDPA computes with the model's own mask: windows on the window layers, no attention
+    across the boundary; plain causal SDPA (the old behaviour) differs on both layer types."""
+    torch.manual_seed(0)
+    model = PretrainForCausalLM(small_config(window_pattern="SL", sliding_window=4)).eval()
+    positions = torch.cat([torch.arange(10), torch.arange(14)]).repeat(2, 1)  # 2 rows: documents of 10 and 14
+    with torch.no_grad():  # plans the kernels: SDPA for both layer types on a CPU
+        model(input_ids=torch.randint(3, 100, (2, 24)), position_ids=positions)
+    config, dim = model.config, model.model.layers[0].self_attn.head_dim
+    query = torch.randn(2, config.num_attention_heads, 24, dim)
+    key, value = torch.randn(2, 2, config.num_key_value_heads, 24, dim).unbind(0)
+    embeds = torch.empty(2, 24, 0)
+    masks = build_attention_masks(model.model._mask_configs, embeds, None, None, positions)
+    kernel = FullSequenceSdpa()
+    for layer in model.model.layers[:2]:  # "S" then "L"
+        attention = layer.self_attn
+        window = attention.sliding_window
+        expected, _ = sdpa_attention_forward(attention, query, key, value, masks[layer.layer_type])
+        plain, _ = sdpa_attention_forward(attention, query, key, value, None)
+        rebuilt, _ = kernel(attention, query, key, value, None, position_ids=positions, sliding_window=window)
+        assert torch.allclose(rebuilt, expected, atol=1e-6, rtol=0), layer.layer_type
+        assert not torch.allclose(plain, expected, atol=1e-3), layer.layer_type
+    assert [window for window, _ in kernel._masks] == [4, None]
+    mask = kernel.mask(attention, query, positions.clone(), None)  # equal positions: the same mask, not a rebuild
+    assert mask is kernel.mask(attention, query, positions.clone(), None)
+    assert kernel.mask(attention, query, torch.arange(24).repeat(2, 1), None) is None  # one document: is_causal
 
 
 def test_the_kernel_follows_the_model():
     model = PretrainForCausalLM(small_config())
-    assert check_run(ParallelismConfig(sp_size=2), model, None, 32, 3) == model.config._attn_implementation == "sdpa"
+    assert check_run(ParallelismConfig(sp_size=2), model, 32, 3) == model.config._attn_implementation == "sdpa"
     from accelerate.utils import DeepSpeedSequenceParallelConfig
 
     config = ParallelismConfig(
         sp_size=2, sp_handler=DeepSpeedSequenceParallelConfig(sp_attn_implementation="flash_attention_2")
     )
     with pytest.raises(ValueError, match=r"sp_attn_implementation='flash_attention_2' but the model runs 'sdpa'"):
-        check_run(config, model, None, 32, 3)
+        check_run(config, model, 32, 3)
 
 
 def test_position_ids_are_added_to_batches_without_them():
-    import torch
-
     collate = PositionIds(lambda rows: {"input_ids": torch.tensor(rows), "labels": torch.tensor(rows)})
     batch = collate([[5, 6, 7, 8], [9, 10, 11, 12]])
     assert batch["position_ids"].tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
     kept = PositionIds(lambda rows: {"input_ids": torch.tensor(rows), "position_ids": torch.tensor([[0, 1, 0, 1]])})
     assert kept([[5, 6, 7, 8]])["position_ids"].tolist() == [[0, 1, 0, 1]]
+
+
+def test_left_padding_is_refused_under_sequence_parallelism():
+    """Ulysses drops the padding mask: right padding needs none (causal), left padding would be attended to."""
+
+    def padded(mask):
+        return PositionIds(lambda rows: {"input_ids": torch.tensor(rows), "attention_mask": torch.tensor(mask)})
+
+    assert padded([[1, 1, 1, 0], [1, 1, 1, 1]])([[5, 6, 7, 0], [5, 6, 7, 8]])["position_ids"].shape == (2, 4)
+    with pytest.raises(ValueError, match=r"^attention_mask: padding before tokens \(left padding\)"):
+        padded([[0, 1, 1, 1], [1, 1, 1, 1]])([[0, 6, 7, 8], [5, 6, 7, 8]])
