@@ -1,12 +1,14 @@
 """Launched by test_distributed.py (under `accelerate launch` or alone): a short run of the tiny preset.
 
 Usage: python tests/distributed/dist_run.py OUTPUT_DIR PER_DEVICE_BATCH [DEEPSPEED_CONFIG|-] [SAVE_STEPS] [resume]
-       [--optim NAME] [--gradient_checkpointing] [--sp N] [--own_token_count]
+       [--optim NAME] [--gradient_checkpointing] [--sp N] [--own_token_count] [--windows_documents]
 Writes OUTPUT_DIR/rank-<r>.json: the per-step losses, a checksum of every parameter (gathered under
 ZeRO-3 and FSDP2), the tokens seen and what the throughput callback would price a token at, the memory
 preflight's estimate and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model. The
 accelerate config picks DDP or FSDP2 (cpu_2proc.yaml, cpu_2proc_fsdp2.yaml). `--own_token_count`: tokens counted
-by `TokenCounter` (include_num_input_tokens_seen="no") instead of the Trainer's counter.
+by `TokenCounter` (include_num_input_tokens_seen="no") instead of the Trainer's counter. `--windows_documents`:
+then, in the same processes (a second launch would cost its start-up again), the same steps with sliding windows and
+packed documents (`windows_documents`), recorded in OUTPUT_DIR/windows_documents/rank-<r>.json.
 """
 
 import hashlib
@@ -20,11 +22,13 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from hf_pretrain import PretrainForCausalLM, PretrainTrainer, get_preset
+from hf_pretrain.data.collator import PackedDocumentCollator
 from hf_pretrain.modeling.accounting import flops_per_token
 from hf_pretrain.telemetry.throughput import sequence_length
 from tests.conftest import quick_args
 
 STEPS, GLOBAL_BATCH, SEQ = 6, 8, 32
+EOS = 2  # windows_documents: a document ends at every token divisible by 7, ~4.6 documents a row
 
 
 class Losses(TrainerCallback):
@@ -70,6 +74,21 @@ def record_state_dict_offload() -> list[bool]:
     return seen
 
 
+def arguments(output_dir, per_device: int, deepspeed: str | None, sp: int, **overrides):
+    return quick_args(
+        output_dir,
+        max_steps=STEPS,
+        per_device_train_batch_size=per_device,
+        learning_rate=3e-3,
+        measure_peak_tflops=False,
+        telemetry=False,
+        seed=0,
+        deepspeed=deepspeed,
+        parallelism_config=ParallelismConfig(sp_size=sp) if sp > 1 else None,
+        **overrides,
+    )
+
+
 def main(
     output_dir: str,
     per_device: int,
@@ -80,23 +99,19 @@ def main(
     gradient_checkpointing: bool = False,
     sp: int = 1,
     own_token_count: bool = False,
+    also_windows_documents: bool = False,
 ):
     torch.manual_seed(0)
     data = torch.randint(3, 500, (GLOBAL_BATCH * STEPS, SEQ), generator=torch.Generator().manual_seed(1))
-    args = quick_args(
+    args = arguments(
         output_dir,
-        max_steps=STEPS,
-        per_device_train_batch_size=per_device,
-        learning_rate=3e-3,
-        measure_peak_tflops=False,
-        telemetry=False,
-        seed=0,
-        deepspeed=deepspeed,
+        per_device,
+        deepspeed,
+        sp,
         save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500,
         optim=optim,
         gradient_checkpointing=gradient_checkpointing,
-        parallelism_config=ParallelismConfig(sp_size=sp) if sp > 1 else None,
         **({"include_num_input_tokens_seen": "no"} if own_token_count else {}),
     )
     model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=2))
@@ -133,7 +148,38 @@ def main(
     name = f"rank-{args.process_index}{'-resumed' if resume else ''}.json"
     Path(output_dir, name).write_text(json.dumps(record))
     trainer.accelerator.wait_for_everyone()
+    if also_windows_documents:
+        windows_documents(Path(output_dir) / "windows_documents", per_device, deepspeed, sp, data)
     trainer.accelerator.end_training()
+
+
+def windows_documents(output_dir: Path, per_device: int, deepspeed: str | None, sp: int, data: torch.Tensor) -> None:
+    """The same steps with a window layer then a full one (`window_pattern="SL"`, 8 tokens) over packed documents:
+    under SP, what Ulysses' attention drops the mask of (training/sequence_parallel.py, `FullSequenceSdpa`)."""
+    if sp > 1:  # DeepSpeed builds its SP groups once per process (asserted): the second run builds them again
+        from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+        parallel_state_sp._release_sequence_parallel_groups()
+    torch.manual_seed(0)
+    data = data.masked_fill(data % 7 == 0, EOS)
+    args = arguments(output_dir, per_device, deepspeed, sp, save_strategy="no")
+    preset = get_preset("tiny", vocab_size=512, num_hidden_layers=2, window_pattern="SL", sliding_window=8)
+    model, losses = PretrainForCausalLM(preset), Losses()
+    dataset = Dataset.from_dict({"input_ids": data.tolist()})
+    collator = PackedDocumentCollator(eos_token_id=EOS)
+    trainer = PretrainTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
+    trainer.add_callback(losses)
+    trainer.train()
+    record = {"losses": losses.losses, "grad_norms": losses.grad_norms, "world_size": args.world_size}
+    record["digest"] = parameters_digest(trainer)
+    probe = collator([{"input_ids": row} for row in data[:2].tolist()])  # Ulysses is off in eval mode: whole rows
+    trainer.model_wrapped.eval()
+    with torch.no_grad():
+        inputs = {key: probe[key].to(args.device) for key in ("input_ids", "position_ids")}
+        record["logits"] = trainer.model_wrapped(**inputs).logits.float().cpu().tolist()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    Path(output_dir, f"rank-{args.process_index}.json").write_text(json.dumps(record))
+    trainer.accelerator.wait_for_everyone()
 
 
 if __name__ == "__main__":
@@ -141,8 +187,10 @@ if __name__ == "__main__":
     checkpointing = "--gradient_checkpointing" in sys.argv
     sp = int(sys.argv.pop(sys.argv.index("--sp") + 1)) if "--sp" in sys.argv else 1
     own_count = "--own_token_count" in sys.argv
-    sys.argv = [a for a in sys.argv if a not in ("--optim", "--gradient_checkpointing", "--sp", "--own_token_count")]
+    also = "--windows_documents" in sys.argv
+    flags = ("--optim", "--gradient_checkpointing", "--sp", "--own_token_count", "--windows_documents")
+    sys.argv = [a for a in sys.argv if a not in flags]
     deepspeed_config = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
     save = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     resume = len(sys.argv) > 5 and sys.argv[5] == "resume"
-    main(sys.argv[1], int(sys.argv[2]), deepspeed_config, save, resume, optim, checkpointing, sp, own_count)
+    main(sys.argv[1], int(sys.argv[2]), deepspeed_config, save, resume, optim, checkpointing, sp, own_count, also)
