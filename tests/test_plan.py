@@ -606,13 +606,15 @@ def test_sequence_parallel_replaces_the_recompute_where_its_all_to_all_costs_les
     assert unknown.sp == 1 and unknown.checkpointing and "its all-to-all is not priced" in unknown.sp_reason
     nodes = make_plan(PlanRequest("h100", **{**request, "gpus": 4}, nodes=2))
     assert nodes.sp == 1 and nodes.checkpointing and "not weighed over 2 nodes" in nodes.sp_reason
+    windows = make_plan(PlanRequest("h100", **request, window_pattern="SSSL", sliding_window=4096))
+    assert windows.sp == 1 and windows.checkpointing and "not weighed for windows" in windows.sp_reason
 
 
 def test_sequence_parallel_refuses_what_sp_refuses():
     from hf_pretrain.plan.planner import sp_blocker
 
-    with pytest.raises(PlanRefused, match="sliding windows would attend over the whole sequence"):
-        _sp_plan(131072, window_pattern="SSSL", sliding_window=4096)
+    with pytest.raises(PlanRefused, match=r"GiB per GPU \([0-9,.]+ of them the windowed layers' dense masks on SDPA\)"):
+        _sp_plan(131072, window_pattern="SSSL", sliding_window=4096)  # windows run under SP, on s x s masks
     with pytest.raises(PlanRefused, match="runs inside DeepSpeed ZeRO-3: use --sharding deepspeed"):
         _sp_plan(131072, sharding="fsdp2")
     odd = PretrainConfig(  # the family's old 7B: 30 heads / 15 KV admit no SP degree of 8 GPUs

@@ -24,9 +24,10 @@ The order of decisions, each from its one home in the package:
    The degree divides the GPUs per node, so that each attention's four all-to-alls (q, k, v out; the output back)
    stay on the node's NVLink rather than the slower network between nodes; it divides the heads and the sequence,
    and the key/value heads are a multiple or a divisor of it (DeepSpeed's rules). What SP refuses is refused here,
-   with its reason: sliding windows and MoE (and `--sharding fsdp2`: Ulysses runs inside DeepSpeed). The launch
-   packs documents GPT-style (`--separate_documents false`) with SDPA attention: Ulysses drops the document mask,
-   and FlashAttention is not checked under SP. Tensor and context parallelism are not planned: they are not wired
+   with its reason: MoE (and `--sharding fsdp2`: Ulysses runs inside DeepSpeed). The launch runs SDPA attention
+   (FlashAttention is not checked under SP), whose windows and document boundaries need a dense s x s mask that SP
+   does not divide: each windowed layer's mask is priced in the memory, and documents are packed GPT-style
+   (`--separate_documents false`: 16 GiB a row at 128K would buy nothing the planner can weigh). Tensor and context parallelism are not planned: they are not wired
    into the Trainer yet. SP shares each sequence over `sp` ranks, so a step trains (GPUs / sp) x micro-batch rows.
 4. The tokens: what the budget pays for at that shape (hours x GPUs x peak x MFU, or FLOPs / FLOPs per token).
 5. The batch and learning rate from DeepSeek LLM's fits in compute; micro-batch x accumulation x GPUs rounded to
@@ -269,6 +270,8 @@ def step_cost(config, seq_len: int, hw: Hardware, sp: int, checkpointing: bool) 
 
 
 def _estimate(config, strategy: Strategy, hw: Hardware, seq_len: int, micro: int, checkpointing: bool, sp: int = 1):
+    """Under SP attention runs on SDPA (FlashAttention is not checked there): each windowed layer reads and
+    saves a dense s x s mask, which `sp` does not divide (`training/sequence_parallel.FullSequenceSdpa`)."""
     return estimate_memory(
         config,
         strategy.zero,
@@ -280,6 +283,7 @@ def _estimate(config, strategy: Strategy, hw: Hardware, seq_len: int, micro: int
         device_memory_gb=hw.memory_bytes / GiB,
         model="plan",
         sp=sp,
+        dense_mask_layers=(config.layer_types or []).count(SLIDING) if sp > 1 else 0,
     )
 
 
@@ -319,7 +323,7 @@ def fit_memory(
 
 def _refuse_memory(config, hw: Hardware, request: PlanRequest, usable: float, strategies: list[Strategy], sp: int = 1):
     last = strategies[-1]
-    need = _estimate(config, last, hw, request.seq_len, 1, True).total
+    need, masks = _estimate(config, last, hw, request.seq_len, 1, True).total, None
     shape_args = dict(
         vocab_size=request.vocab_size,
         seq_len=request.seq_len,
@@ -337,8 +341,11 @@ def _refuse_memory(config, hw: Hardware, request: PlanRequest, usable: float, st
     how = f"{last.label} over {hw.world} GPUs" if hw.world > 1 else "one GPU (nothing to shard)"
     how += ", micro-batch 1, full activation checkpointing"
     if sp > 1:
-        need = _estimate(config, last, hw, request.seq_len, 1, True, sp).total
+        estimate = _estimate(config, last, hw, request.seq_len, 1, True, sp)
+        need = estimate.total
         how += f", Ulysses SP {sp} (the largest degree the GPUs per node, the heads and the sequence allow)"
+        if estimate.attention_mask:  # windows under SP: SDPA's s x s masks, which SP does not divide
+            masks = f"{estimate.attention_mask / GiB:,.1f} of them the windowed layers' dense masks on SDPA"
     where = (
         f"{hw.device} ({hw.memory_bytes / GiB:.0f} GiB, {usable / GiB:.1f} GiB usable at a {request.margin:.0%} margin)"
     )
@@ -354,7 +361,7 @@ def _refuse_memory(config, hw: Hardware, request: PlanRequest, usable: float, st
         )
     raise PlanRefused(
         f"a {count_parameters(config) / 1e9:.2f}B-parameter model does not fit one training step on {where}: "
-        f"with {how} it needs {need / GiB:.1f} GiB per GPU; {advice}."
+        f"with {how} it needs {need / GiB:.1f} GiB per GPU{f' ({masks})' if masks else ''}; {advice}."
     )
 
 
@@ -362,8 +369,6 @@ def sp_blocker(config, sharding: str) -> str | None:
     """Why this run cannot take Ulysses SP (what `training/sequence_parallel.py` refuses), or None."""
     if sharding != "deepspeed":
         return "Ulysses SP runs inside DeepSpeed ZeRO-3: use --sharding deepspeed"
-    if SLIDING in (config.layer_types or []):
-        return "sliding windows would attend over the whole sequence under SP (Ulysses drops the mask): use --window-pattern L"
     if getattr(config, "num_experts", 0):
         return "MoE's router loss would be computed per sequence shard under SP: train MoE without SP"
     return None
@@ -446,6 +451,11 @@ def weigh_sp(config, request: PlanRequest, hw: Hardware, usable: float, fit) -> 
     degrees = sp_degrees(config, hw, seq) if hw.world > 1 and not sp_blocker(config, request.sharding) else []
     if not degrees:
         return None, None
+    if SLIDING in (config.layer_types or []):
+        return None, (
+            f"{recompute}; Ulysses SP without it is not weighed for windows: under SP they run on SDPA with a "
+            "dense mask, which computes the whole s x s where FlashAttention skips outside the window"
+        )
     if hw.nodes > 1:
         return None, (
             f"{recompute}; Ulysses SP without it is not weighed over {hw.nodes} nodes: ZeRO-3's weight gathers, with "
@@ -677,8 +687,9 @@ def warnings_for(plan: Plan) -> list[str]:
                 f"predicted tokens/s: {plan.hardware.link_source} (pass --link-gbps)"
             )
         out.append(
-            "SP: documents packed GPT-style (--separate_documents false; Ulysses drops the document mask) and SDPA "
-            "attention (--attention_backend sdpa; FlashAttention is not checked under SP)"
+            "SP: SDPA attention (--attention_backend sdpa; FlashAttention is not checked under SP) and documents packed "
+            f"GPT-style (--separate_documents false): SDPA's document mask is a dense s x s, "
+            f"{plan.seq_len**2 / GiB:,.1f} GiB a row at this length, that SP does not divide"
         )
     warmup_steps = plan.schedule_kwargs["warmup_tokens"] / plan.global_batch_tokens
     if warmup_steps < 10:
