@@ -15,7 +15,7 @@ PRESETS = sorted((Path(__file__).resolve().parents[1] / "ds_configs").glob("*.js
 
 
 def test_presets_exist():
-    assert {p.stem for p in PRESETS} == {"zero2", "zero3", "zero3_offload", "zero3_zeropp"}
+    assert {p.stem for p in PRESETS} == {"zero1_autotp", "zero2", "zero3", "zero3_offload", "zero3_zeropp"}
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
@@ -26,14 +26,16 @@ def test_trainer_fills_every_auto_and_deepspeed_accepts_the_result(path, tmp_pat
     config = HfTrainerDeepSpeedConfig(str(path))
     config.trainer_config_process(args)
     config.trainer_config_finalize(args, PretrainForCausalLM(get_preset("tiny")), num_training_steps=100)
-    assert "auto" not in json.dumps(config.config)
+    assert '"auto"' not in json.dumps(config.config)  # no value left "auto" (autotp_size is a key)
     parsed = deepspeed_config.DeepSpeedConfig(config.config)
     assert parsed.train_micro_batch_size_per_gpu == 4 and parsed.gradient_accumulation_steps == 2
     assert parsed.gradient_clipping == 0.5
     assert parsed.zero_optimization_stage == int(path.stem[4])
-    if parsed.zero_optimization_stage == 3:
-        # Save full 16-bit weights, not near-empty shards.
+    if parsed.zero_optimization_stage == 3 or "autotp" in path.stem:
+        # Save full weights (in the training dtype), not near-empty shards or one TP rank's slices.
         assert parsed.zero_config.gather_16bit_weights_on_model_save
+    if "autotp" in path.stem:  # DeepSpeed AutoTP of 2 (hf_pretrain/training/tensor_parallel.py)
+        assert parsed.tensor_parallel_config.autotp_size == 2
 
 
 def test_offload_and_compressed_presets_say_what_they_do(tmp_path):

@@ -161,6 +161,7 @@ def test_the_configs_cover_the_documented_setups():
         "cpu_2proc",
         "cpu_2proc_fsdp2",
         "cpu_2proc_sp",
+        "cpu_2proc_tp",
     }
 
 
