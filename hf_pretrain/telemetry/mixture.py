@@ -2,7 +2,7 @@
 
 Attached when the training dataset is a `data/mixture.py` `MixtureDataset` (read in its order, so the rows trained
 after `s` optimizer steps are the first `s x per_device_batch x processes x accumulation` of it; under sequence
-parallelism `processes` counts one per SP group, whose ranks share each row). Keys, per source
+parallelism and DeepSpeed AutoTP `processes` counts one per SP or TP group, whose ranks share each row). Keys, per source
 NAME of the mixture:
 
 - `mixture/NAME/tokens`: tokens of that source trained so far (all ranks; padding is not counted);
@@ -21,20 +21,22 @@ from ..callback import PretrainCallback
 class MixtureCallback(PretrainCallback):
     @classmethod
     def from_arguments(cls, trainer, built=()) -> MixtureCallback | None:
+        from ..training.tensor_parallel import tensor_parallel_size  # training/ imports this module
+
         dataset = trainer.train_dataset
         return (
-            cls(dataset, trainer.get_sp_size())
+            cls(dataset, trainer.get_sp_size() * tensor_parallel_size(trainer))
             if hasattr(dataset, "tokens_per_source") and getattr(dataset, "keeps_order", False)
             else None
         )
 
-    def __init__(self, dataset, sp_size: int = 1):
+    def __init__(self, dataset, ranks_per_row: int = 1):
         self.dataset = dataset
-        self.sp_size = sp_size  # the ranks of a sequence-parallel group share each row: one batch a group
+        self.ranks_per_row = ranks_per_row  # the ranks of an SP or TP group share each row: one batch a group
         self.samples_per_step = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        groups = args.world_size // self.sp_size
+        groups = args.world_size // self.ranks_per_row
         self.samples_per_step = args.per_device_train_batch_size * groups * args.gradient_accumulation_steps
 
     def metrics_for_log(self, state) -> dict[str, float]:

@@ -12,12 +12,17 @@ every step for batches without the model's `main_input_name`. `TokenCounter`:
 Batches without `main_input_name` count nothing (a regression model, features instead of tokens).
 Under Ulysses sequence parallelism a micro-batch here is this rank's shard of the rows (the Trainer's loader
 adapter cuts them before `training_step`): both counters sum the shards over the ranks, each token once.
+Under DeepSpeed AutoTP the ranks of a TP group hold the same batch (`tensor_parallel.py`): the Trainer's gather
+would count it once per TP rank, so this counter counts instead, in the Trainer's field and by its rule (`all`:
+every token), only on the first rank of each group.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from .tensor_parallel import counts_tokens, tensor_parallel_size
 
 
 class TokenCounter:
@@ -33,24 +38,27 @@ class TokenCounter:
         trainer = self.trainer
         counting = trainer.args.include_num_input_tokens_seen
         never_pads = getattr(trainer.data_collator, "has_padding", True) is False
-        if counting != "no" and not never_pads:
+        tp = tensor_parallel_size(trainer)
+        if counting != "no" and not never_pads and tp == 1:
             return False
-        count = self.real_tokens(inputs)
+        count = self.real_tokens(inputs, every=counting == "all")
         if count is None:
             return True
+        if tp > 1 and not counts_tokens(trainer):
+            count = torch.zeros_like(count)  # another rank of this TP group counts the batch
         if counting == "no":
             self.local = count if self.local is None else self.local + count
         else:
             trainer.state.num_input_tokens_seen += trainer.accelerator.gather(count).sum().item()
         return True
 
-    def real_tokens(self, inputs) -> torch.Tensor | None:
+    def real_tokens(self, inputs, every: bool = False) -> torch.Tensor | None:
         trainer = self.trainer
         ids = inputs.get(getattr(trainer.model, "main_input_name", "input_ids"))
         if not torch.is_tensor(ids):
             return None
         pad_id = getattr(trainer.processing_class, "pad_token_id", None)
-        if getattr(trainer.data_collator, "has_padding", True) is False:
+        if every or getattr(trainer.data_collator, "has_padding", True) is False:
             count = torch.tensor(ids.numel())
         elif torch.is_tensor(inputs.get("attention_mask")):
             count = inputs["attention_mask"].sum()

@@ -18,6 +18,7 @@ differences). It adds, each in its own room:
 - resume (`resume/`): exact, fast resume of samplers and streams (`data_position.py`); checkpoints checked
   before a resume and written atomically (`checkpointing.py`);
 - DeepSpeed Ulysses sequence parallelism (`sequence_parallel.py`): what breaks refused, the rest wired;
+- DeepSpeed AutoTP tensor parallelism (`tensor_parallel.py`): tokens counted once per TP group, what breaks refused;
 - FSDP2 (`fsdp.py`): on CPU ranks too, and `save_model()` writes the full weights under sharded state dicts;
 - the processes (`processes.py`): a launch that lost its ranks is refused, one DeepSpeed process
   needs no launcher, the process group is left before exit, risky DataLoader workers of a rank are warned of;
@@ -56,6 +57,7 @@ from .resume.data_position import DataPosition
 from .resume.store import read_run_state, save_into_place
 from .schedules import build_schedule
 from .sequence_parallel import check_attention_plan, check_trainer, training_batches
+from .tensor_parallel import check_trainer as check_tensor_parallel
 from .tokens import TokenCounter
 from .wiring import (
     attention_preflight_for,
@@ -100,6 +102,7 @@ class PretrainTrainer(TrainerPrivateOverrides):
                 "hf_pretrain.evaluation.preprocess_logits_for_metrics (docs/evaluation.md)."
             )
         self.loss_guard = LossGuardCallback.from_arguments(self)  # attached at train()
+        check_tensor_parallel(self)  # tensor_parallel.py: what breaks under AutoTP, before the recipe converts
         self.precision_report = precision_from_arguments(self)
         check_launched_world_size(self.args.world_size)
         check_optimizer_supported(self)

@@ -219,7 +219,7 @@ def test_under_sequence_parallelism_the_shares_count_one_batch_per_group(tmp_pat
     state = SimpleNamespace(global_step=3)
     logged = {}
     for sp in (1, 2):
-        callback = MixtureCallback(data, sp_size=sp)
+        callback = MixtureCallback(data, ranks_per_row=sp)
         callback.on_train_begin(args, state, None)
         logged[sp] = sum(v for k, v in callback.metrics_for_log(state).items() if k.endswith("/tokens"))
     assert logged[2] == sum(data.tokens_per_source(3 * 8).values()) < logged[1]

@@ -4,7 +4,7 @@ Usage: python tests/distributed/dist_run.py OUTPUT_DIR PER_DEVICE_BATCH [DEEPSPE
        [--optim NAME] [--gradient_checkpointing] [--sp N] [--own_token_count] [--windows_documents]
 Writes OUTPUT_DIR/rank-<r>.json: the per-step losses, a checksum of every parameter (gathered under
 ZeRO-3 and FSDP2), the tokens seen and what the throughput callback would price a token at, the memory
-preflight's estimate and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model. The
+preflight's estimate, the rank's parameter count and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model. The
 accelerate config picks DDP or FSDP2 (cpu_2proc.yaml, cpu_2proc_fsdp2.yaml). `--own_token_count`: tokens counted
 by `TokenCounter` (include_num_input_tokens_seen="no") instead of the Trainer's counter. `--windows_documents`:
 then, in the same processes (a second launch would cost its start-up again), the same steps with sliding windows and
@@ -126,6 +126,7 @@ def main(
         "grad_norms": losses.grad_norms,
         "world_size": args.world_size,
         "digest": parameters_digest(trainer),
+        "parameters": sum(p.numel() for p in trainer.model.parameters()),  # this rank's (AutoTP: its shards)
         "tokens_seen": trainer.tokens_seen(),  # what tokens/s and MFU are computed from (a collective: every rank)
         "flops_per_token": flops_per_token(model.config, sequence_length(trainer)),  # the MFU's numerator per token
     }

@@ -2,7 +2,8 @@
 accelerate refuses a ParallelismConfig under DistributedType.MULTI_CPU, and torch's context parallel has no CPU
 SDPA sharding rule. DeepSpeed Ulysses sequence parallelism runs on gloo (tests/distributed/test_sequence_parallel.py);
 what breaks under it is refused in one line, and the mask its attention drops is rebuilt for the whole sequence
-(hf_pretrain/training/sequence_parallel.py)."""
+(hf_pretrain/training/sequence_parallel.py). So does DeepSpeed AutoTP tensor parallelism
+(tests/distributed/test_tensor_parallel.py; refusals in hf_pretrain/training/tensor_parallel.py)."""
 
 import types
 from pathlib import Path
@@ -14,6 +15,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from hf_pretrain import PretrainForCausalLM
 from hf_pretrain.modeling.attention import build_attention_masks
+from hf_pretrain.training import tensor_parallel
 from hf_pretrain.training.sequence_parallel import FullSequenceSdpa, PositionIds, check_arguments, check_run
 from tests.conftest import quick_args, small_config
 
@@ -149,3 +151,27 @@ def test_left_padding_is_refused_under_sequence_parallelism():
     assert padded([[1, 1, 1, 0], [1, 1, 1, 1]])([[5, 6, 7, 0], [5, 6, 7, 8]])["position_ids"].shape == (2, 4)
     with pytest.raises(ValueError, match=r"^attention_mask: padding before tokens \(left padding\)"):
         padded([[0, 1, 1, 1], [1, 1, 1, 1]])([[0, 6, 7, 8], [5, 6, 7, 8]])
+
+
+@pytest.mark.parametrize(
+    "case, overrides, message",
+    [
+        ("world", {"world": 3}, "it does not divide the 3 processes; launch a multiple of 2 processes"),
+        ("zero3", {"zero_stage": 3}, "ZeRO-3 checks DeepSpeed's train_batch_size .* use ds_configs/zero1_autotp.json"),
+        ("sp", {"sp_size": 2}, r"not checked with Ulysses sequence parallelism \(sp_size=2\)"),
+        ("two tp", {"parallel_tp_size": 2}, "parallelism_config.tp_size=2 would split the model a second time"),
+        ("fp8", {"precision": "fp8"}, "AutoTP replaces the linears precision='fp8' converted"),
+        ("te-fp8", {"precision": "te-fp8"}, "AutoTP replaces the linears precision='te-fp8' converted"),
+    ],
+)
+def test_what_breaks_under_autotp_is_refused(case, overrides, message):
+    """Each found by running 2 gloo ranks (hf_pretrain/training/tensor_parallel.py): ZeRO-3's batch assertion, fp8
+    layers replaced by AutoTP's fp32 ones (the losses of the fp32 run, to the bit)."""
+    run = {"world": 2, "zero_stage": 1, "sp_size": 1, "parallel_tp_size": 1, "precision": None}
+    with pytest.raises(ValueError, match=rf"^tensor_parallel\.autotp_size=2: {message}"):
+        tensor_parallel.check_run(2, **{**run, **overrides})
+
+
+@pytest.mark.parametrize("zero_stage, precision", [(0, None), (1, "bf16"), (2, "fp32")])
+def test_what_runs_under_autotp_passes(zero_stage, precision):
+    tensor_parallel.check_run(2, world=4, zero_stage=zero_stage, sp_size=1, parallel_tp_size=1, precision=precision)

@@ -20,6 +20,7 @@ from torch.utils.data import RandomSampler
 from transformers.utils import logging
 
 from ..private import batch_skipping_off
+from ..tensor_parallel import tensor_parallel_size
 from .sampler import ResumableSampler
 from .stream_position import EpochAligned, StreamPositions
 
@@ -63,7 +64,7 @@ class DataPosition:
         config = args.accelerator_config
         if args.world_size <= 1 or args.dataloader_drop_last or config.split_batches or not config.even_batches:
             return 1
-        return args.per_device_train_batch_size * args.world_size
+        return args.per_device_train_batch_size * args.world_size // tensor_parallel_size(self.trainer)
 
     def _epoch_padding(self) -> int:
         """The multiple the sampler completes each epoch to: this run's (`_even_batches_multiple`), or on one process
@@ -112,8 +113,10 @@ class DataPosition:
 
     def position(self, epoch: int, micro_batches_done: int) -> dict:
         args = self.trainer.args
-        # Under sequence parallelism each micro-batch is one batch of each data-parallel group, cut along the sequence
-        per_micro_batch = args.per_device_train_batch_size * args.world_size // self.trainer.get_sp_size()
+        # Under sequence parallelism each micro-batch is one batch of each data-parallel group, cut along the sequence;
+        # under AutoTP the ranks of a TP group share one batch (tensor_parallel.py)
+        groups = args.world_size // (self.trainer.get_sp_size() * tensor_parallel_size(self.trainer))
+        per_micro_batch = args.per_device_train_batch_size * groups
         return {
             "epoch": epoch,
             "samples_consumed_in_epoch": micro_batches_done * per_micro_batch,
