@@ -32,6 +32,7 @@ from ..telemetry.throughput import ThroughputCallback, precision_of, sequence_le
 from ..telemetry.underclock import UnderclockCallback
 from .compile import compile_blocks, compile_kwargs, prepare_compile
 from .recovery.room import RecoveryCallback
+from .tensor_parallel import tensor_parallel_size
 
 logger = logging.get_logger(__name__)
 
@@ -148,6 +149,13 @@ def memory_preflight_for(trainer) -> MemoryCheck | None:
     policy = _get(args, "memory_preflight", "error")
     seq_len = sequence_length(trainer)
     if report is None or policy == "ignore" or not seq_len:
+        return None
+    if (tp := tensor_parallel_size(trainer)) > 1:  # tensor_parallel.py: a rank holds 1/tp of each split linear
+        if trainer.is_world_process_zero():
+            logger.warning(
+                f"memory preflight skipped: the estimator does not divide the weights by tensor_parallel.autotp_size={tp}"
+                " yet, and would price every rank with the whole model (docs/distributed.md)."
+            )
         return None
     micro = args.per_device_train_batch_size
     if hasattr(trainer.train_dataset, "__len__"):
