@@ -330,6 +330,9 @@ class PretrainForCausalLM(PretrainPreTrainedModel, GenerationMixin):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
             # MoE: running sums of the routing statistics of training forwards, popped by MoECallback at each log.
             self.moe_metrics = MoEMetrics() if config.num_experts else None
+            # MoE under Ulysses SP: a callable giving the group whose ranks hold shards of the same rows, set by
+            # training/sequence_parallel.py; training forwards take the router's loss over the whole rows with it.
+            self.router_group = None
             self.post_init()
         finally:
             self._end_of_init()
@@ -430,10 +433,17 @@ class PretrainForCausalLM(PretrainPreTrainedModel, GenerationMixin):
         token_mask = None  # padding left out of losses and load when there is one 2D mask entry per routed token
         if isinstance(attention_mask, torch.Tensor) and attention_mask.numel() == router_logits[0].shape[0]:
             token_mask = attention_mask.reshape(-1).bool()
+        training = self.training and torch.is_grad_enabled()  # Ulysses shards rows in training only
+        group = self.router_group() if training and self.router_group is not None else None
         stats = routing_statistics(
-            router_logits, config.num_experts_per_tok, config.norm_topk_prob, config.moe_capacity_factor, token_mask
+            router_logits,
+            config.num_experts_per_tok,
+            config.norm_topk_prob,
+            config.moe_capacity_factor,
+            token_mask,
+            group,
         )
-        if self.training and torch.is_grad_enabled():
+        if training:
             self.moe_metrics.add(stats)
             if loss is not None:
                 aux = config.router_aux_loss_coef * stats.aux_loss + config.router_z_loss_coef * stats.z_loss

@@ -39,20 +39,26 @@ done here so that a `parallelism_config` with `sp_size > 1` (an argument, or the
    collator for the training loader only and adds 0..T-1 per row when the collator gives none. The padding mask is
    dropped as well: right padding needs none (a causal query never sees the padding after it), left padding is
    refused in one line by the same wrapper.
+5. Mixture of experts. The router's load-balancing loss is a product of two means over the tokens (the share routed
+   to each expert, the mean router probability): computed on each shard, it is the shard's, not the rows' (measured
+   before, 2 gloo ranks, 4 experts top-2: 1.00813 and 1.00321 on the halves against 1.00470 for the whole rows; the
+   loss 1.1e-5 off in the first step, 2.9e-4 within 6). `check_trainer` hands the model the SP group
+   (`router_group`), and `modeling/moe.routing_statistics` sums the expert counts, the router probabilities (a
+   differentiable all-reduce: each rank's router gets the whole loss's gradient) and the token counts over it: two
+   all-reduces of (MoE layers x experts) floats a micro-batch, in training forwards only. The z-loss is a per-token
+   mean, exact under the Trainer's token weighting. Expert capacity (`moe_capacity_factor`) stays per forward, so
+   per shard under SP, as it is per rank under DDP. The ZeRO-3 gradient arithmetic (`deepspeed_sp_compute_loss`
+   scales each rank's local sum by sp and ZeRO-3 averages over the group) gives the routers the whole loss's gradient
+   once: the all-reduce's backward sums the ranks' token-weighted shares, which add up to one.
 
 Refused in one line before any work (`check_arguments` in `PretrainingArguments`, `check_trainer` at the end of
 `PretrainTrainer.__init__`, `check_attention_plan` after the preflight), each found by running it or by reading the
-code that would run (the MoE line by running it):
+code that would run:
 - SP without DeepSpeed, an SP size that does not divide the processes, ZeRO stages other than 3 (the only one
   checked against one process; DeepSpeed averages or sums the SP group's gradients differently per stage and
   version, see transformers' `deepspeed_sp_compute_loss`);
 - heads not divisible (`num_attention_heads % sp`, and `num_key_value_heads` neither a multiple nor a divisor of
   `sp`: DeepSpeed's rule), a sequence length not divisible by `sp` (the adapter's rule);
-- mixture of experts: the router's auxiliary (load-balancing) loss is computed on each shard and averaged
-  token-weighted, not the loss of the whole sequence. Measured with the refusal lifted (2 gloo ranks, ZeRO-3, tiny
-  preset of 2 layers, 8 rows of 32 tokens, 6 steps, against one process; 4 experts, top-2, coefficient 0.01):
-  the first step's aux loss is 1.00470 for the whole rows and 1.00813 / 1.00321 on the two halves (mean 1.00567,
-  +9.7e-4), the loss +1.1e-5 (the z-loss is a per-token mean, exact), up to 2.9e-4 within 6 steps;
 - FlashAttention: hf_pretrain's model passes `cu_seqlens` of the local shard to FA layers when batches carry
   `position_ids` (model.py `_flash_varlen_kwargs`), wrong after the all-to-all; GPU-only, not yet checked (the
   mask rebuild above is SDPA's).
@@ -123,14 +129,16 @@ def check_trainer(trainer) -> None:
     kernel = check_run(config, trainer.model, sequence_length(trainer), zero)
     _init_deepspeed_comm()
     ALL_ATTENTION_FUNCTIONS[kernel] = FullSequenceSdpa()  # what Ulysses wraps at `prepare` (module docstring, 3.)
+    if hasattr(trainer.model, "router_group"):  # MoE: the router's loss over the whole rows (module docstring, 5.)
+        trainer.model.router_group = sequence_parallel_group
     config = copy.copy(config)  # the user's config stays theirs
     config.sp_handler = dataclasses.replace(config.sp_handler, sp_attn_implementation=kernel)
     trainer.accelerator.state.parallelism_config = config
 
 
 def check_run(config, model, seq_len: int | None, zero_stage: int | None) -> str:
-    """The SP kernel (the model's), or the one line that says what breaks: DeepSpeed stage, heads, MoE, sequence
-    length, kernel. Windows and packed documents pass: `FullSequenceSdpa` rebuilds their mask."""
+    """The SP kernel (the model's), or the one line that says what breaks: DeepSpeed stage, heads, sequence length,
+    kernel. Windows and packed documents pass (`FullSequenceSdpa` rebuilds their mask), MoE too (module docstring, 5.)."""
     sp = config.sp_size
     if zero_stage != 3:
         _refuse(sp, "checked only with DeepSpeed ZeRO-3", "use ds_configs/zero3.json")
@@ -142,8 +150,6 @@ def check_run(config, model, seq_len: int | None, zero_stage: int | None) -> str
             f"num_attention_heads={heads} must be divisible by it and num_key_value_heads={kv} a multiple or a divisor",
             "pick an sp_size that divides the heads",
         )
-    if getattr(text, "num_experts", 0):
-        _refuse(sp, "MoE's router loss would be computed per sequence shard", "train MoE without SP")
     if seq_len and seq_len % sp:
         _refuse(sp, f"the sequence length {seq_len} is not divisible by it", f"use a multiple of {sp} tokens per row")
     kernel = model.config._attn_implementation
@@ -161,6 +167,13 @@ def check_run(config, model, seq_len: int | None, zero_stage: int | None) -> str
             "load the model with attn_implementation='sdpa'",
         )
     return kernel
+
+
+def sequence_parallel_group():
+    """This rank's SP group (DeepSpeed builds it at `prepare`; accelerate reads it the same way)."""
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+    return parallel_state_sp.get_sequence_parallel_group()
 
 
 def _init_deepspeed_comm() -> None:

@@ -7,8 +7,8 @@ ZeRO-3 and FSDP2), the tokens seen and what the throughput callback would price 
 preflight's estimate, the rank's parameter count and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model. The
 accelerate config picks DDP or FSDP2 (cpu_2proc.yaml, cpu_2proc_fsdp2.yaml). `--own_token_count`: tokens counted
 by `TokenCounter` (include_num_input_tokens_seen="no") instead of the Trainer's counter. `--windows_documents`:
-then, in the same processes (a second launch would cost its start-up again), the same steps with sliding windows and
-packed documents (`windows_documents`), recorded in OUTPUT_DIR/windows_documents/rank-<r>.json.
+then, in the same processes (a second launch would cost its start-up again), the same steps with sliding windows,
+packed documents and MoE layers (`windows_documents`), recorded in OUTPUT_DIR/windows_documents/rank-<r>.json.
 """
 
 import hashlib
@@ -155,8 +155,9 @@ def main(
 
 
 def windows_documents(output_dir: Path, per_device: int, deepspeed: str | None, sp: int, data: torch.Tensor) -> None:
-    """The same steps with a window layer then a full one (`window_pattern="SL"`, 8 tokens) over packed documents:
-    under SP, what Ulysses' attention drops the mask of (training/sequence_parallel.py, `FullSequenceSdpa`)."""
+    """The same steps with a window layer then a full one (`window_pattern="SL"`, 8 tokens) over packed documents,
+    each layer's MLP a mixture of 8 experts (top-2): under SP, what Ulysses' attention drops the mask of
+    (training/sequence_parallel.py, `FullSequenceSdpa`) and a router loss over the whole rows (its 5.)."""
     if sp > 1:  # DeepSpeed builds its SP groups once per process (asserted): the second run builds them again
         from deepspeed.runtime.sequence_parallel import parallel_state_sp
 
@@ -164,7 +165,7 @@ def windows_documents(output_dir: Path, per_device: int, deepspeed: str | None, 
     torch.manual_seed(0)
     data = data.masked_fill(data % 7 == 0, EOS)
     args = arguments(output_dir, per_device, deepspeed, sp, save_strategy="no")
-    preset = get_preset("tiny", vocab_size=512, num_hidden_layers=2, window_pattern="SL", sliding_window=8)
+    preset = get_preset("tiny-moe", vocab_size=512, num_hidden_layers=2, window_pattern="SL", sliding_window=8)
     model, losses = PretrainForCausalLM(preset), Losses()
     dataset = Dataset.from_dict({"input_ids": data.tolist()})
     collator = PackedDocumentCollator(eos_token_id=EOS)

@@ -70,7 +70,6 @@ def test_the_launch_config_keys_are_read(monkeypatch):
         ("no deepspeed stage", {}, 32, None, "checked only with DeepSpeed ZeRO-3"),
         ("heads", {"num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 64}, 32, 3, None),
         ("kv heads", {"num_key_value_heads": 1}, 32, 3, None),
-        ("moe", {"num_experts": 4, "num_experts_per_tok": 2}, 32, 3, "MoE"),
         ("seq len", {}, 33, 3, "sequence length 33 is not divisible"),
     ],
 )
@@ -86,10 +85,14 @@ def test_what_breaks_under_sequence_parallelism_is_refused(case, overrides, seq_
         check_run(ParallelismConfig(sp_size=sp), model, seq_len, zero)
 
 
-def test_windows_pass_under_sequence_parallelism():
-    """Windows (and packed documents, which check_run no longer looks at) run: FullSequenceSdpa rebuilds the mask
-    (tests/distributed/test_sequence_parallel.py follows the one-process curve with both)."""
-    model = PretrainForCausalLM(small_config(window_pattern="SL", sliding_window=8))
+@pytest.mark.parametrize(
+    "overrides", [{"window_pattern": "SL", "sliding_window": 8}, {"num_experts": 4, "num_experts_per_tok": 2}]
+)
+def test_windows_and_moe_pass_under_sequence_parallelism(overrides):
+    """Windows (and packed documents, which check_run no longer looks at) run: FullSequenceSdpa rebuilds the mask;
+    MoE runs: the router's losses are summed over the SP group (tests/distributed/test_sequence_parallel.py follows
+    the one-process curve with all three)."""
+    model = PretrainForCausalLM(small_config(**overrides))
     assert check_run(ParallelismConfig(sp_size=2), model, 32, 3) == "sdpa"
 
 
