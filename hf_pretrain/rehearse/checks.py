@@ -2,8 +2,9 @@
 with the reason and the fix (or "not run", with why, when an earlier run it needs did not happen).
 
 Records are what `probe.py` wrote per rank: `micro_batches[step]` (the sample ids of every micro-batch
-the rank trained at that optimizer step), `losses[step]`, `start_step`, and on rank 0 `order` when the
-sampler can tell its order.
+the rank trained at that optimizer step: a dataset row, or under Ulysses SP `[row, part]`), `losses[step]`,
+`start_step`, and on rank 0 `order` when the sampler can tell its order. Data sharding reads them by group: the
+ranks of one TP group (AutoTP) or SP group must train the same rows, the data-parallel groups disjoint ones.
 """
 
 from __future__ import annotations
@@ -74,31 +75,128 @@ def _steps(records: list[dict], first: int = 1) -> dict[int, dict[int, list]]:
     return out
 
 
+def _row(sample) -> int | str:
+    """A sample's dataset row: its index (or fingerprint), or the row of an SP part `[row, part]`."""
+    return sample[0] if isinstance(sample, list) else sample
+
+
+def _part(sample) -> int | None:
+    """The part of its row an SP rank trained (None: the whole row)."""
+    return sample[1] if isinstance(sample, list) else None
+
+
+def _group_kind(topology: Topology) -> str:
+    return " x ".join(k for k, n in (("TP", topology.tp), ("SP", topology.sp)) if n > 1)
+
+
+def _group_fault(step: int, members: dict[int, list], ranks: range, topology: Topology) -> str | None:
+    """Why the ranks of one TP / SP group did not train the same rows at `step` (SP: each its own part), or None."""
+    rows = {rank: [_row(s) for s in members.get(rank, [])] for rank in ranks}
+    first, kind = ranks[0], _group_kind(topology)
+    for rank in ranks[1:]:
+        if rows[rank] != rows[first]:
+            return (
+                f"at step {step} rank {first} trained rows {rows[first][:4]} and rank {rank} rows {rows[rank][:4]}: "
+                f"the ranks of one {kind} group must train the same rows"
+            )
+    for rank in ranks if topology.sp > 1 else ():
+        expected = (rank - first) % topology.sp  # DeepSpeed's SP rank: consecutive ranks
+        parts = {_part(s) for s in members.get(rank, [])}
+        if parts != {expected}:
+            got = "whole rows" if None in parts else f"parts {sorted(parts)}"
+            return (
+                f"at step {step} rank {rank} trained {got} of rows {rows[first][:4]}, not part {expected} of "
+                f"{topology.sp} of each: the ranks of an SP group must each train their part of the sequence"
+            )
+    return None
+
+
+GROUP_FIX = {
+    "TP": "let accelerate prepare the train DataLoader: under AutoTP it gives the ranks of a TP group the same batch "
+    "(data rank = process index // autotp_size); a loader sharded over every rank splits the group",
+    "SP": "let the Trainer wrap the train DataLoader under the parallelism_config's sp_size (DeepSpeed's "
+    "UlyssesSPDataLoaderAdapter gives the SP group one batch and each rank its part of every row)",
+}
+
+
+def _group_rows(steps: dict[int, dict[int, list]], topology: Topology) -> dict[int, dict[int, list]] | Check:
+    """step -> data-parallel group -> the rows it trained; or the failed check when a TP / SP group's ranks did not
+    train the same rows. Without TP or SP every rank is a group of its own."""
+    size, out = topology.group_size, {}
+    for step in sorted(steps):
+        for group in range(topology.processes // size):
+            ranks = range(group * size, (group + 1) * size)
+            fault = _group_fault(step, steps[step], ranks, topology) if size > 1 else None
+            if fault:
+                kind = "SP" if topology.tp == 1 else "TP"
+                return Check("data sharding", "failed", fault, GROUP_FIX[kind])
+            out.setdefault(step, {})[group] = [_row(s) for s in steps[step].get(ranks[0], [])]
+    return out
+
+
+DEEPSPEED_TP_CHECK = "Data inconsistency within the TP group"  # DeepSpeed's check of the first forward's inputs
+
+
+def _untrained(run: RunResult) -> Check:
+    """No rank trained a step: DeepSpeed's own TP check stopped a loader that splits a TP group, or something else."""
+    log = run.log.read_text(errors="replace") if run.log.exists() else ""
+    if DEEPSPEED_TP_CHECK in log:
+        return Check(
+            "data sharding",
+            "failed",
+            f"DeepSpeed stopped the run at its first forward ({DEEPSPEED_TP_CHECK}): the ranks of a TP group were "
+            "given different rows",
+            GROUP_FIX["TP"],
+        )
+    return _not_run("data sharding", f"no rank trained a step; {_failed_run(run)}")
+
+
+def _who(group: int, topology: Topology) -> str:
+    size = topology.group_size
+    if size == 1:
+        return f"rank {group}"
+    return f"data-parallel group {group} (ranks {group * size}-{(group + 1) * size - 1})"
+
+
 def data_sharding(run: RunResult, topology: Topology) -> Check:
+    """Within the first epoch: the ranks of a TP / SP group train the same rows (SP: each its part), the
+    data-parallel groups train disjoint rows, a full global batch a step, and none of the sampler's order skipped."""
     name = "data sharding"
     if len(run.records) < topology.processes:
         return _not_run(name, "the ranks did not all train")
-    steps = _steps(run.records)
     rows = run.records[0].get("dataset_rows")
-    per_global_batch = run.records[0]["global_batch"]
+    if topology.sp > 1 and rows is None:
+        return _not_run(
+            name,
+            "the SP ranks' parts of the sequence are matched to rows of the training dataset, which the probe could "
+            "not index (no input_ids column, or over 2M rows); rehearse with a --dataset-path of fewer rows",
+        )
+    per_rank = _steps(run.records)
+    if not per_rank:
+        return _untrained(run)
+    steps = _group_rows(per_rank, topology)
+    if isinstance(steps, Check):
+        return steps
+    per_global_batch = run.records[0]["global_batch"] // topology.group_size
     where: dict = {}
     counts: Counter = Counter()
     for step in sorted(steps):
-        for rank, ids in steps[step].items():
+        for group, ids in steps[step].items():
             for sample in ids:
                 counts[sample] += 1
-                where.setdefault(sample, []).append((step, rank))
+                where.setdefault(sample, []).append((step, group))
     trained = sum(counts.values())
+    readers = "ranks" if topology.group_size == 1 else "data-parallel groups"
     if rows is None or trained <= rows:  # within one epoch, a sample trained twice is a sharding fault
         repeated = [s for s, n in counts.items() if n > 1]
         if repeated:
             first = repeated[0]
-            places = ", ".join(f"rank {r} at step {s}" for s, r in where[first][:4])
+            places = ", ".join(f"{_who(g, topology)} at step {s}" for s, g in where[first][:4])
             return Check(
                 name,
                 "failed",
                 f"{len(repeated)} of {len(counts)} samples were trained more than once within the first epoch; "
-                f"sample {first}: {places}. The ranks read the same data.",
+                f"sample {first}: {places}. The {readers} read the same data.",
                 "let the Trainer build the train DataLoader (get_train_dataloader prepares it with accelerate, which "
                 "shards it per rank), or shard it yourself (DistributedSampler, datasets.distributed.split_dataset_by_node)",
             )
@@ -108,7 +206,7 @@ def data_sharding(run: RunResult, topology: Topology) -> Check:
             name,
             "failed",
             f"step {short[0]} trained {sum(len(i) for i in steps[short[0]].values())} samples, not the global batch of "
-            f"{per_global_batch} (per-device batch x processes x accumulation)",
+            f"{per_global_batch} (per-device batch x processes x accumulation{_per_group(topology)})",
             "check the data loader's batch size and drop_last; every rank must train a full micro-batch",
         )
     order = run.records[0].get("order")
@@ -125,11 +223,28 @@ def data_sharding(run: RunResult, topology: Topology) -> Check:
                 "shard the data once: either the Trainer's data loader (accelerate) or your own sharding, not both",
             )
         coverage = f"exactly the first {trained} samples of the sampler's order ({run.records[0]['sampler']})"
-    ranks = len({r for s in steps.values() for r in s})
+    ranks = len({r for s in per_rank.values() for r in s})
     return Check(
         name,
         "passed",
-        f"{trained} samples over {len(steps)} steps on {ranks} ranks, none trained twice, none skipped: {coverage}",
+        f"{trained} samples over {len(steps)} steps on {ranks} ranks{_grouped(topology)}, "
+        f"none trained twice, none skipped: {coverage}",
+    )
+
+
+def _per_group(topology: Topology) -> str:
+    return f" / {_group_kind(topology)} {topology.group_size}" if topology.group_size > 1 else ""
+
+
+def _grouped(topology: Topology) -> str:
+    """', in 1 data-parallel group of TP 2: each TP group trained the same rows' (nothing without TP or SP)."""
+    if topology.group_size == 1:
+        return ""
+    groups, kind = topology.processes // topology.group_size, _group_kind(topology)
+    parts = ", each rank its part of the sequence" if topology.sp > 1 else ""
+    return (
+        f" in {groups} data-parallel group{'s' if groups > 1 else ''} of {kind} {topology.group_size}: "
+        f"each {kind} group trained the same rows{parts}"
     )
 
 

@@ -9,9 +9,13 @@ machines) and changes only what a CPU needs:
 - `use_cpu: false` with `MULTI_GPU` (accelerate's MULTI_CPU goes through mpirun; PretrainingArguments
   puts GPU-less ranks on gloo), no `gpu_ids`, fp32 (`mixed_precision: 'no'`; under DeepSpeed the key
   is dropped, the JSON's "auto" follows the arguments); DeepSpeed over machines uses the `standard`
-  launcher (torchrun per node) instead of pdsh; sequence parallelism (`parallelism_config_sp_size`) kept,
-  at most the 2 processes (a degree of 4 or 8 rehearsed as 2, said in a note): the all-to-all, the sharded
-  loader and the loss over the SP group run as in the real launch.
+  launcher (torchrun per node) instead of pdsh; sequence parallelism (`parallelism_config_sp_size`) and
+  DeepSpeed AutoTP (`tensor_parallel.autotp_size` of the JSON) kept, at most the 2 processes (a degree of 4 or 8
+  rehearsed as 2, said in a note; a shrunk AutoTP is a copy of the JSON in the rehearsal's folder,
+  `write_config`): the all-to-all, the sharded layers, the loader that gives a group the same rows and the loss
+  over the group run as in the real launch. The ranks of one TP or SP group are consecutive (accelerate's data
+  rank is process index // tp; DeepSpeed's SP groups are ranks [i x sp, (i + 1) x sp)), which the data-sharding
+  check relies on (`Topology.group_size`).
 
 `run_launch` starts a run, its output in one log, every process in its own session, and bounds it:
 a run whose ranks all finished training but that does not exit is a hang (reported, then killed);
@@ -119,10 +123,26 @@ class Topology:
     deepspeed_file: Path | None = None
     notes: list[str] = field(default_factory=list)
     sp: int = 1  # the rehearsal's Ulysses SP degree
+    tp: int = 1  # the rehearsal's AutoTP degree
+    deepspeed_json: dict | None = None  # the DeepSpeed config with its AutoTP shrunk (`write_config` writes it)
 
     @property
     def processes(self) -> int:
         return self.config["num_processes"]
+
+    @property
+    def group_size(self) -> int:
+        """Ranks that train the same rows: a TP group, or an SP group (each its part of the sequence)."""
+        return self.tp * self.sp
+
+    def describe(self) -> str:
+        """e.g. "DeepSpeed ZeRO-1 (ds_configs/zero1_autotp.json), tensor parallelism 2: 1 data-parallel group"."""
+        kinds = [f"{what} parallelism {n}" for what, n in (("tensor", self.tp), ("sequence", self.sp)) if n > 1]
+        if not kinds:
+            return self.strategy
+        groups = self.processes // self.group_size
+        plural = "s" if groups > 1 else ""
+        return f"{self.strategy}, {' x '.join(kinds)}: {groups} data-parallel group{plural}"
 
 
 def _strategy(config: dict, deepspeed_file: Path | None) -> str:
@@ -168,7 +188,15 @@ def rehearsal_config(path: Path, processes: int = 2) -> Topology:
         config["deepspeed_config"] = deepspeed
         config.pop("mixed_precision")  # accelerate refuses it beside a JSON; the JSON's "auto" follows the arguments
     sp = _sequence_parallel(config, processes, notes)
-    return Topology(config, nodes, _strategy(config, deepspeed_file), deepspeed_file, notes, sp)
+    tp, shrunk = _tensor_parallel(deepspeed_file, processes, notes)
+    return Topology(config, nodes, _strategy(config, deepspeed_file), deepspeed_file, notes, sp, tp, shrunk)
+
+
+def _shrunk_degree(degree: int, processes: int) -> int:
+    """The largest divisor of `processes` that divides `degree`, or all of them for a degree beyond them."""
+    if degree >= processes:
+        return processes
+    return max(d for d in range(1, processes + 1) if not processes % d and not degree % d)
 
 
 def _sequence_parallel(config: dict, processes: int, notes: list[str]) -> int:
@@ -176,11 +204,36 @@ def _sequence_parallel(config: dict, processes: int, notes: list[str]) -> int:
     keys = config.get("parallelism_config") or {}
     sp = int(keys.get("parallelism_config_sp_size", 1))
     if sp > 1 and processes % sp:
-        shrunk = max(d for d in range(1, processes + 1) if not processes % d and not sp % d)
+        shrunk = _shrunk_degree(sp, processes)
         config["parallelism_config"] = {**keys, "parallelism_config_sp_size": shrunk}
         notes.append(f"sequence parallelism {sp} rehearsed as {shrunk} ({processes} processes)")
         sp = shrunk
     return sp
+
+
+def _tensor_parallel(deepspeed_file: Path | None, processes: int, notes: list[str]) -> tuple[int, dict | None]:
+    """The AutoTP degree of the launch's DeepSpeed JSON, shrunk to the rehearsal's processes; with the JSON to
+    write when it was shrunk (None: the user's file runs as shipped)."""
+    if deepspeed_file is None:
+        return 1, None
+    ds = json.loads(deepspeed_file.read_text())
+    tp = int((ds.get("tensor_parallel") or {}).get("autotp_size", 1) or 1)
+    if tp <= 1 or not processes % tp:
+        return tp, None
+    shrunk = _shrunk_degree(tp, processes)
+    notes.append(f"tensor parallelism {tp} (AutoTP) rehearsed as {shrunk} ({processes} processes)")
+    return shrunk, {**ds, "tensor_parallel": {**ds["tensor_parallel"], "autotp_size": shrunk}}
+
+
+def write_config(topology: Topology, out: Path) -> Path:
+    """The rehearsal's accelerate config in `out` (and its DeepSpeed JSON beside it when AutoTP was shrunk)."""
+    if topology.deepspeed_json is not None:
+        shrunk = out / "deepspeed_config.json"
+        shrunk.write_text(json.dumps(topology.deepspeed_json, indent=2))
+        topology.config["deepspeed_config"]["deepspeed_config_file"] = str(shrunk.resolve())
+    path = out / "accelerate_config.yaml"
+    path.write_text(yaml.safe_dump(topology.config, sort_keys=False))
+    return path
 
 
 def free_port() -> int:

@@ -10,8 +10,9 @@ attempt's records in RECORD_DIR/attempt<k>/, the fault in fault.json). Before ru
   sampler can tell it (`order(epoch)`, as `ResumableSampler` does); at every `on_step_end` the record
   is written to RECORD_DIR/rank-<r>.json; `on_train_end` marks it finished;
 - a wrapper of its `training_step` that notes, for every micro-batch the rank really trains, the ids
-  of its samples (their index in the training dataset, found by a fingerprint of their tokens) and
-  the loss it returns; and, on the last rank at the FAULT's step, once the checkpoint saved before that step is in
+  of its samples (their index in the training dataset, found by a fingerprint of their tokens; under
+  Ulysses SP, where each rank trains its part of every row, `[row, part]`: the part k of sp equal cuts
+  of the row, as DeepSpeed's loader adapter cuts it) and the loss it returns; and, on the last rank at the FAULT's step, once the checkpoint saved before that step is in
   place (an asynchronous save's write may end after the step began), writes killed.json (fault.json) and SIGKILLs
   (or SIGSTOPs) its own process before the micro-batch's forward: a node lost (or hung) mid-step, the others left
   in a collective.
@@ -63,13 +64,14 @@ def _rows(inputs: dict) -> list:
     return [row[keep] for row, keep in zip(ids, mask)]
 
 
-def _find_sampler(dataloader, depth: int = 4):
-    """The first object under the data loader (batch sampler, sampler, base loader) that knows its order."""
+def _find_sampler(dataloader, depth: int = 5):
+    """The first object under the data loader (batch sampler, sampler, base loader, the loader an SP adapter
+    wraps) that knows its order."""
     if dataloader is None or depth == 0:
         return None
     if callable(getattr(dataloader, "order", None)):
         return dataloader
-    for name in ("batch_sampler", "sampler", "base_dataloader"):
+    for name in ("batch_sampler", "sampler", "base_dataloader", "dl"):
         found = _find_sampler(getattr(dataloader, name, None), depth - 1)
         if found is not None:
             return found
@@ -93,7 +95,8 @@ class Probe:
             self.kill_at = 0  # the fault happens in the first attempt only
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        self.index: dict[str, int] = {}
+        self.index: dict[str, int | list[int]] = {}
+        self.sp_size = lambda: 1  # the Trainer's SP degree (`get_sp_size`), once attached
         self.record = {
             "rank": self.rank,
             "world_size": self.world_size,
@@ -109,6 +112,7 @@ class Probe:
         if getattr(trainer, "_rehearsal_probe", None) is not None:
             return
         trainer._rehearsal_probe = self
+        self.sp_size = getattr(trainer, "get_sp_size", lambda: 1)
         trainer.add_callback(ProbeCallback(self))
         step = trainer.training_step
 
@@ -136,17 +140,29 @@ class Probe:
             global_batch=args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps,
             max_steps=state.max_steps,
         )
-        dataset = getattr(train_dataloader, "dataset", None)
+        loader = getattr(train_dataloader, "dl", train_dataloader)  # the loader under Ulysses SP's adapter
+        dataset = getattr(loader, "dataset", None)
         columns = getattr(dataset, "column_names", None) or []
         if "input_ids" in columns and len(dataset) <= MAX_INDEXED_ROWS:
-            for i, tokens in enumerate(dataset["input_ids"]):
-                self.index.setdefault(fingerprint(tokens), i)
+            self.index_rows(dataset["input_ids"], self.sp_size())
             self.record["dataset_rows"] = len(dataset)
         sampler = _find_sampler(train_dataloader)
         self.record["sampler"] = type(sampler).__name__ if sampler is not None else None
         if sampler is not None and self.rank == 0 and state.global_step == 0:
             self.record["order"] = sampler.order(0)[:MAX_ORDER].tolist()
         self.write()
+
+    def index_rows(self, rows, sp: int) -> None:
+        """Each row's fingerprint -> its index; with `sp` > 1 also each of its sp equal parts -> [index, part]."""
+        for i, tokens in enumerate(rows):
+            self.index.setdefault(fingerprint(tokens), i)
+        if sp > 1:
+            for i, tokens in enumerate(rows):
+                if len(tokens) % sp == 0:
+                    cut = len(tokens) // sp
+                    for k in range(sp):
+                        self.index.setdefault(fingerprint(tokens[k * cut : (k + 1) * cut]), [i, k])
+        self.record["sp"] = sp
 
     def write(self) -> None:
         path = self.dir / f"rank-{self.rank}.json"

@@ -17,7 +17,7 @@ def header(rehearsal: Rehearsal) -> list[str]:
     nodes = f"{topology.nodes} nodes x 1 process over 127.0.0.1" if topology.nodes > 1 else "1 node"
     lines = [
         f"launch     {rehearsal.request.launch.command}",
-        f"rehearsed  {topology.processes} gloo processes ({nodes}), {topology.strategy}",
+        f"rehearsed  {topology.processes} gloo processes ({nodes}), {topology.describe()}",
         f"model      {rehearsal.model}",
         f"steps      {rehearsal.request.steps}, checkpoints every {rehearsal.request.save_steps}, "
         f"rank {topology.processes - 1} killed in step {rehearsal.request.kill_at}",

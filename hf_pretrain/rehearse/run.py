@@ -27,8 +27,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from . import checks
 from .launch import (
     PROBE,
@@ -42,6 +40,7 @@ from .launch import (
     rehearsal_config,
     restart_environment,
     run_launch,
+    write_config,
 )
 from .shrink import script_arguments, write_tiny_model
 
@@ -153,11 +152,13 @@ def rehearse(request: RehearsalRequest) -> Rehearsal:
         shutil.rmtree(out / owned, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     topology = rehearsal_config(request.launch.config_file)
-    (out / "accelerate_config.yaml").write_text(yaml.safe_dump(topology.config, sort_keys=False))
+    write_config(topology, out)
     model = "as given (--keep-model)"
     if not request.keep_model:
         say(f"model: writing the launch's model at rehearsal size to {out / 'model'}")
-        _, model = write_tiny_model(request.launch.script_args, request.seq_len, out / "model", topology.sp)
+        _, model = write_tiny_model(
+            request.launch.script_args, request.seq_len, out / "model", topology.sp, topology.tp
+        )
         say(f"model: {model}")
     _, notes = script_arguments(request.launch.script_args, out, 1, 1, None, None, out, request.dataset_path)
     rehearsal = Rehearsal(request, topology, model, topology.notes + notes + request.launch.ignored)

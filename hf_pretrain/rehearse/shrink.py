@@ -36,6 +36,23 @@ def check_sequence_parallel(tiny: PretrainConfig, seq_len: int, sp: int) -> None
         )
 
 
+def tensor_parallel_heads(tiny: PretrainConfig, tp: int) -> str:
+    """How AutoTP of `tp` splits the rehearsal's heads, by DeepSpeed's own rule (`get_shard_size`: whole KV groups
+    per rank, uneven ones allowed), e.g. "TP 2: heads 2 + 2, KV heads 1 + 1". Nothing is refused: uneven heads and
+    fewer KV heads than ranks (a rank then holds no attention shard) train as one process does (measured,
+    docs/distributed.md); the line says which case the rehearsal runs."""
+    from deepspeed.module_inject.tp_shard import AutoTPMeta, get_shard_size
+
+    heads, kv, dim = tiny.num_attention_heads, tiny.num_key_value_heads, tiny.head_dim
+    meta = AutoTPMeta(num_kv_heads=kv, num_attention_heads=heads)
+    q = [get_shard_size(heads * dim, tp, meta, "self_attn.q_proj", rank=r) // dim for r in range(tp)]
+    k = [get_shard_size(kv * dim, tp, meta, "self_attn.k_proj", rank=r) // dim for r in range(tp)]
+    line = f"TP {tp}: heads {' + '.join(map(str, q))}, KV heads {' + '.join(map(str, k))}"
+    if 0 in k:
+        return f"{line} (fewer KV heads than TP ranks: a rank holds no attention shard, as DeepSpeed warns)"
+    return f"{line} (uneven, as AutoTP allows)" if len(set(k)) > 1 else line
+
+
 def tiny_config(config: PretrainConfig, seq_len: int) -> PretrainConfig:
     """`config` at rehearsal size, keeping its layer pattern, windows, GQA, MoE and vocabulary."""
     fields = config.to_dict()
@@ -100,14 +117,16 @@ def drop_flag(args: list[str], flag: str) -> list[str]:
     return out
 
 
-def write_tiny_model(user_args: list[str], seq_len: int, out: Path, sp: int = 1) -> tuple[Path, str]:
+def write_tiny_model(user_args: list[str], seq_len: int, out: Path, sp: int = 1, tp: int = 1) -> tuple[Path, str]:
     """Save the shrunk model config to `out` (the script's --preset, default tiny); returns it and a description.
-    `sp`: the rehearsal's SP degree, which the shrunk heads and sequence must admit."""
+    `sp`: the rehearsal's SP degree, which the shrunk heads and sequence must admit; `tp`: its AutoTP degree, whose
+    split of the heads the description says."""
     real = load_config(flag_value(user_args, "--preset") or "tiny")
     tiny = tiny_config(real, seq_len)
     check_sequence_parallel(tiny, seq_len, sp)
     tiny.save_pretrained(out)
-    return out, describe(real, tiny)
+    split = f"; {tensor_parallel_heads(tiny, tp)}" if tp > 1 else ""
+    return out, describe(real, tiny) + split
 
 
 def script_arguments(

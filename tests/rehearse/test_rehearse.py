@@ -2,6 +2,7 @@
 (which must pass) and of planted faults (which must fail with the right reason): slow, several gloo processes."""
 
 import contextlib
+import json
 import re
 import shlex
 from pathlib import Path
@@ -21,7 +22,13 @@ from hf_pretrain.rehearse.launch import (
     waiting_for,
 )
 from hf_pretrain.rehearse.report import checklist, write_markdown
-from hf_pretrain.rehearse.shrink import check_sequence_parallel, flag_value, script_arguments, tiny_config
+from hf_pretrain.rehearse.shrink import (
+    check_sequence_parallel,
+    flag_value,
+    script_arguments,
+    tensor_parallel_heads,
+    tiny_config,
+)
 from hf_pretrain.training.recovery.attempts import Attempt, write_attempts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,6 +69,48 @@ def test_sequence_parallelism_is_kept_shrunk_to_the_two_processes_with_its_kerne
     check_sequence_parallel(tiny, 64, 2)
     with pytest.raises(ValueError, match="--seq-len 63 must be divisible by it"):
         check_sequence_parallel(tiny, 63, 2)
+
+
+def test_tensor_parallelism_is_read_from_the_deepspeed_json_and_shrunk_to_the_two_processes(tmp_path, monkeypatch):
+    """AutoTP of 8 on a node is rehearsed as 2: a copy of the JSON in the rehearsal's folder, the user's untouched;
+    the header says the degree, the groups and how the rehearsal's heads split."""
+    from hf_pretrain.rehearse.launch import write_config
+    from hf_pretrain.rehearse.report import header
+    from hf_pretrain.rehearse.run import Rehearsal
+
+    tp2 = rehearsal_config(CONFIGS / "cpu_2proc_tp.yaml")
+    assert (tp2.tp, tp2.sp, tp2.group_size, tp2.notes, tp2.deepspeed_json) == (2, 1, 2, [], None)
+    assert tp2.describe().endswith("(ds_configs/zero1_autotp.json), tensor parallelism 2: 1 data-parallel group")
+    ds = json.loads((ROOT / "ds_configs" / "zero1_autotp.json").read_text())
+    ds["tensor_parallel"]["autotp_size"] = 8
+    (tmp_path / "tp8.json").write_text(json.dumps(ds))
+    user = yaml.safe_load((CONFIGS / "cpu_2proc_tp.yaml").read_text())
+    user.update(num_processes=16, deepspeed_config={**user["deepspeed_config"], "deepspeed_config_file": "tp8.json"})
+    (tmp_path / "tp8.yaml").write_text(yaml.safe_dump(user))
+    tp8 = rehearsal_config(tmp_path / "tp8.yaml")
+    assert tp8.tp == 2 and tp8.notes == ["tensor parallelism 8 (AutoTP) rehearsed as 2 (2 processes)"]
+    out = tmp_path / "out"
+    out.mkdir()
+    config = yaml.safe_load(write_config(tp8, out).read_text())
+    shrunk = Path(config["deepspeed_config"]["deepspeed_config_file"])
+    assert shrunk == (out / "deepspeed_config.json").resolve()
+    assert json.loads(shrunk.read_text())["tensor_parallel"]["autotp_size"] == 2
+    assert json.loads((tmp_path / "tp8.json").read_text())["tensor_parallel"]["autotp_size"] == 8
+    monkeypatch.chdir(ROOT)
+    request = RehearsalRequest(parse_launch(["--config_file", str(tmp_path / "tp8.yaml")]), out=out)
+    lines = header(Rehearsal(request, tp8, "m", tp8.notes))
+    assert lines[1].endswith("tensor parallelism 2: 1 data-parallel group") and lines[1].startswith("rehearsed  2 gloo")
+    assert "changed    tensor parallelism 8 (AutoTP) rehearsed as 2 (2 processes)" in lines
+
+
+def test_the_heads_of_the_rehearsal_s_model_split_by_deepspeed_s_rule():
+    tiny = tiny_config(get_preset("tiny"), 64)
+    assert tensor_parallel_heads(tiny, 2) == "TP 2: heads 2 + 2, KV heads 1 + 1"
+    mqa = tiny_config(get_preset("tiny", num_key_value_heads=1), 64)  # measured to train (docs/distributed.md)
+    assert tensor_parallel_heads(mqa, 2).startswith("TP 2: heads 4 + 0, KV heads 1 + 0 (fewer KV heads than TP ranks")
+    uneven = tiny_config(get_preset("tiny"), 64)
+    uneven.num_attention_heads, uneven.num_key_value_heads = 6, 3
+    assert tensor_parallel_heads(uneven, 2) == "TP 2: heads 4 + 2, KV heads 2 + 1 (uneven, as AutoTP allows)"
 
 
 def test_a_missing_deepspeed_json_is_named(tmp_path):
@@ -137,6 +186,86 @@ def test_sharding_fails_when_two_ranks_train_the_same_sample_and_when_samples_ar
     skipped = [_record(0, {1: [0, 1], 2: [4, 5]}, order=[0, 1, 2, 3, 4, 5, 6, 7]), _record(1, {1: [2, 3], 2: [8, 9]})]
     check = data_sharding(_run(skipped), topology)
     assert check.status == "failed" and "trained by no rank" in check.detail
+
+
+def test_sharding_under_tp_wants_the_same_rows_in_a_tp_group_and_disjoint_rows_across_groups():
+    """The ranks of a TP group train the same batch by design: read by group, not as a sharding fault."""
+    tp = rehearsal_config(CONFIGS / "cpu_2proc_tp.yaml")
+    order = dict(order=[0, 1, 2, 3, 4, 5, 6, 7])
+    same = [_record(0, {1: [0, 1], 2: [2, 3]}, **order), _record(1, {1: [0, 1], 2: [2, 3]})]
+    check = data_sharding(_run(same), tp)
+    assert check.status == "passed", check.detail
+    assert check.detail.startswith(
+        "4 samples over 2 steps on 2 ranks in 1 data-parallel group of TP 2: each TP group trained the same rows, "
+        "none trained twice, none skipped: exactly the first 4 samples"
+    )
+    split = [_record(0, {1: [0, 1], 2: [4, 5]}), _record(1, {1: [2, 3], 2: [6, 7]})]  # sharded over every rank
+    check = data_sharding(_run(split), tp)
+    assert check.status == "failed" and "at step 1 rank 0 trained rows [0, 1] and rank 1 rows [2, 3]" in check.detail
+    assert "one TP group must train the same rows" in check.detail and "autotp_size" in check.fix
+    tp4 = rehearsal_config(CONFIGS / "cpu_2proc_tp.yaml", processes=4)  # 2 data-parallel groups of TP 2
+    four = dict(world_size=4, global_batch=8)
+    groups = [_record(r, {1: [0, 1] if r < 2 else [2, 3], 2: [4, 5] if r < 2 else [6, 7]}, **four) for r in range(4)]
+    groups[0]["order"] = order["order"]
+    check = data_sharding(_run(groups), tp4)
+    assert check.status == "passed" and "8 samples over 2 steps on 4 ranks in 2 data-parallel groups" in check.detail
+    every = [_record(r, {1: [0, 1], 2: [4, 5]}, **four) for r in range(4)]  # every group the same rows
+    check = data_sharding(_run(every), tp4)
+    assert check.status == "failed" and "The data-parallel groups read the same data" in check.detail
+    assert "data-parallel group 0 (ranks 0-1) at step 1, data-parallel group 1 (ranks 2-3) at step 1" in check.detail
+    skipped = [_record(r, {1: [0, 1] if r < 2 else [2, 3], 2: [4, 5] if r < 2 else [8, 9]}, **four) for r in range(4)]
+    skipped[0]["order"] = order["order"]
+    assert "trained by no rank" in data_sharding(_run(skipped), tp4).detail
+
+
+def test_a_run_that_trained_no_step_is_no_pass_of_sharding_and_deepspeed_s_tp_check_is_a_failure(tmp_path):
+    tp, log = rehearsal_config(CONFIGS / "cpu_2proc_tp.yaml"), tmp_path / "launch.log"
+    untrained = RunResult("straight", [1], 1.0, log, [_record(0, {}), _record(1, {})])
+    log.write_text("RuntimeError: something else\n")
+    check = data_sharding(untrained, tp)
+    assert check.status == "not run" and "no rank trained a step" in check.detail  # it said "passed": 0 samples
+    log.write_text("AssertionError: Data inconsistency within the TP group. Please check the Dataloader ...\n")
+    check = data_sharding(untrained, tp)
+    assert check.status == "failed" and "the ranks of a TP group were given different rows" in check.detail
+
+
+def test_sharding_under_sp_wants_each_rank_of_a_group_its_part_of_the_same_rows():
+    """Ulysses SP ranks record `[row, part]`: the same rows, each rank its own part, counted once per group."""
+    sp = rehearsal_config(CONFIGS / "cpu_2proc_sp.yaml")
+
+    def ranks(zero, one):
+        return [_record(0, zero, order=[0, 1, 2, 3]), _record(1, one)]
+
+    good = ranks({1: [[0, 0], [1, 0]], 2: [[2, 0], [3, 0]]}, {1: [[0, 1], [1, 1]], 2: [[2, 1], [3, 1]]})
+    check = data_sharding(_run(good), sp)
+    assert check.status == "passed", check.detail
+    assert check.detail.startswith(
+        "4 samples over 2 steps on 2 ranks in 1 data-parallel group of SP 2: each SP group trained the same rows, "
+        "each rank its part of the sequence, none trained twice"
+    )
+    other_rows = ranks({1: [[0, 0], [1, 0]]}, {1: [[2, 1], [3, 1]]})
+    check = data_sharding(_run(other_rows), sp)
+    assert check.status == "failed" and "one SP group must train the same rows" in check.detail
+    assert "UlyssesSPDataLoaderAdapter" in check.fix
+    same_part = ranks({1: [[0, 0], [1, 0]]}, {1: [[0, 0], [1, 0]]})
+    assert "rank 1 trained parts [0] of rows [0, 1], not part 1 of 2" in data_sharding(_run(same_part), sp).detail
+    whole = ranks({1: [[0, 0], [1, 0]]}, {1: [0, 1]})
+    assert "rank 1 trained whole rows of rows [0, 1]" in data_sharding(_run(whole), sp).detail
+    unindexed = [{k: v for k, v in r.items() if k != "dataset_rows"} for r in good]
+    assert data_sharding(_run(unindexed), sp).status == "not run"
+
+
+def test_the_probe_knows_the_parts_of_a_row_an_sp_rank_trains_and_the_sampler_under_the_sp_adapter(tmp_path):
+    from types import SimpleNamespace
+
+    from hf_pretrain.rehearse.probe import Probe, _find_sampler, fingerprint
+
+    probe = Probe(tmp_path, "0")
+    probe.index_rows([[1, 2, 3, 4], [5, 6, 7, 8]], sp=2)
+    assert probe.index[fingerprint([1, 2, 3, 4])] == 0 and probe.index[fingerprint([7, 8])] == [1, 1]
+    sampler = SimpleNamespace(order=lambda epoch: [0])
+    adapter = SimpleNamespace(dl=SimpleNamespace(base_dataloader=SimpleNamespace(batch_sampler=sampler)))
+    assert _find_sampler(adapter) is sampler
 
 
 def test_resume_fails_on_other_samples_then_on_other_losses():
@@ -243,6 +372,22 @@ def test_the_sp_plan_launch_passes(tmp_path, monkeypatch):
 @EXHAUSTIVE
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_the_tp_launch_passes(tmp_path, monkeypatch):
+    """cpu_2proc_tp.yaml (DeepSpeed AutoTP 2 under ZeRO-1): the TP group trains the same rows, which the data-sharding
+    check reads as one data-parallel group, not as a fault."""
+    result, checks = rehearsal(tmp_path, monkeypatch, CONFIGS / "cpu_2proc_tp.yaml")
+    assert result.passed, "\n".join(f"{c.name}: {c.status}: {c.detail} {c.fix}" for c in checks.values())
+    assert result.topology.tp == 2 and "TP 2: heads 2 + 2, KV heads 1 + 1" in result.model
+    assert (
+        "on 2 ranks in 1 data-parallel group of TP 2: each TP group trained the same rows"
+        in checks["data sharding"].detail
+    )
+    assert "max |difference| 0.0e+00" in checks["resume exactness"].detail
+
+
+@EXHAUSTIVE
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_a_killed_and_a_hung_rank_recover_unattended(tmp_path, monkeypatch):
     result, checks = rehearsal(tmp_path, monkeypatch, CONFIGS / "cpu_2proc.yaml", recovery=True)
     assert result.passed, "\n".join(f"{c.name}: {c.status}: {c.detail} {c.fix}" for c in checks.values())
@@ -270,6 +415,16 @@ def test_a_loader_giving_every_rank_the_same_samples_fails_sharding(tmp_path, mo
     )
     check = checks["data sharding"]
     assert check.status == "failed" and "read the same data" in check.detail and not result.passed
+
+
+@EXHAUSTIVE
+@pytest.mark.distributed
+def test_a_loader_giving_the_ranks_of_a_tp_group_different_rows_fails_sharding(tmp_path, monkeypatch):
+    result, checks = rehearsal(
+        tmp_path, monkeypatch, CONFIGS / "cpu_2proc_tp.yaml", str(HERE / "faulty_pretrain.py"), "tp-split-rows"
+    )
+    check = checks["data sharding"]
+    assert check.status == "failed" and "TP group" in check.detail and not result.passed
 
 
 @EXHAUSTIVE
