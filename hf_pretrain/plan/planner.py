@@ -24,7 +24,7 @@ The order of decisions, each from its one home in the package:
    The degree divides the GPUs per node, so that each attention's four all-to-alls (q, k, v out; the output back)
    stay on the node's NVLink rather than the slower network between nodes; it divides the heads and the sequence,
    and the key/value heads are a multiple or a divisor of it (DeepSpeed's rules). What SP refuses is refused here,
-   with its reason: MoE (and `--sharding fsdp2`: Ulysses runs inside DeepSpeed). The launch runs SDPA attention
+   with its reason: `--sharding fsdp2` (Ulysses runs inside DeepSpeed). The launch runs SDPA attention
    (FlashAttention is not checked under SP), whose windows and document boundaries need a dense s x s mask that SP
    does not divide: each windowed layer's mask is priced in the memory, and documents are packed GPT-style
    (`--separate_documents false`: 16 GiB a row at 128K would buy nothing the planner can weigh). Tensor and context parallelism are not planned: they are not wired
@@ -369,8 +369,6 @@ def sp_blocker(config, sharding: str) -> str | None:
     """Why this run cannot take Ulysses SP (what `training/sequence_parallel.py` refuses), or None."""
     if sharding != "deepspeed":
         return "Ulysses SP runs inside DeepSpeed ZeRO-3: use --sharding deepspeed"
-    if getattr(config, "num_experts", 0):
-        return "MoE's router loss would be computed per sequence shard under SP: train MoE without SP"
     return None
 
 
