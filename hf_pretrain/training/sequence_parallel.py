@@ -50,6 +50,12 @@ done here so that a `parallelism_config` with `sp_size > 1` (an argument, or the
    per shard under SP, as it is per rank under DDP. The ZeRO-3 gradient arithmetic (`deepspeed_sp_compute_loss`
    scales each rank's local sum by sp and ZeRO-3 averages over the group) gives the routers the whole loss's gradient
    once: the all-reduce's backward sums the ranks' token-weighted shares, which add up to one.
+6. The data-parallel size. With more processes than `sp_size` (e.g. SP 2 on 8 GPUs: 4 data-parallel groups)
+   accelerate sizes DeepSpeed's `train_batch_size` as micro x accumulation x the config's `data_parallel_size`
+   (`dp_replicate_size x dp_shard_size`, 1 unless the user names it) and skips its own size check for DeepSpeed SP;
+   DeepSpeed then asserts "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size
+   4 != 4 * 1 * 2.0" at the first `prepare` (4 gloo ranks, SP 2). The copied config gets `dp_shard_size` = world /
+   sp when it names no data-parallel size; a product that does not match the processes is refused.
 
 Refused in one line before any work (`check_arguments` in `PretrainingArguments`, `check_trainer` at the end of
 `PretrainTrainer.__init__`, `check_attention_plan` after the preflight), each found by running it or by reading the
@@ -133,7 +139,24 @@ def check_trainer(trainer) -> None:
         trainer.model.router_group = sequence_parallel_group
     config = copy.copy(config)  # the user's config stays theirs
     config.sp_handler = dataclasses.replace(config.sp_handler, sp_attn_implementation=kernel)
+    config.dp_shard_size = data_parallel_groups(config, trainer.args.world_size)
     trainer.accelerator.state.parallelism_config = config
+
+
+def data_parallel_groups(config, world: int) -> int:
+    """The data-parallel size DeepSpeed's batch check needs (module docstring, 6.): world / sp when the config names
+    none, else the one it names if it matches."""
+    sp, named = config.sp_size, config.dp_replicate_size * config.dp_shard_size
+    if named * sp == world:
+        return config.dp_shard_size
+    if named == 1:
+        return world // sp
+    _refuse(
+        sp,
+        f"dp_replicate_size={config.dp_replicate_size} x dp_shard_size={config.dp_shard_size} x sp_size={sp} is not "
+        f"the {world} processes",
+        f"leave the data-parallel sizes at 1 (hf_pretrain sets dp_shard_size={world // sp}) or make the product {world}",
+    )
 
 
 def check_run(config, model, seq_len: int | None, zero_stage: int | None) -> str:

@@ -100,9 +100,12 @@ def main(
     sp: int = 1,
     own_token_count: bool = False,
     also_windows_documents: bool = False,
+    as_sp_groups: str | None = None,
 ):
     torch.manual_seed(0)
     data = torch.randint(3, 500, (GLOBAL_BATCH * STEPS, SEQ), generator=torch.Generator().manual_seed(1))
+    if as_sp_groups:
+        data = rows_as_sp_groups_train_them(data, as_sp_groups)
     args = arguments(
         output_dir,
         per_device,
@@ -154,6 +157,30 @@ def main(
     trainer.accelerator.end_training()
 
 
+def rows_as_sp_groups_train_them(data: torch.Tensor, sp_spec: str) -> torch.Tensor:
+    """`data` reordered so that one process (the whole global batch a step, the Trainer's seeded order) trains at
+    each step the rows an SP run of `sp_spec` = "SPxGROUPS" trains there. accelerate hands process q the q-th of
+    every world-size run of micro-batches (GLOBAL_BATCH / GROUPS rows each); DeepSpeed's Ulysses loader adapter makes
+    an SP group train its ranks' micro-batches in turn, one a step: step t of a round takes, from every group, the
+    micro-batch of its rank t."""
+    from hf_pretrain.training.resume.sampler import ResumableSampler
+
+    sp, groups = (int(n) for n in sp_spec.split("x"))
+    rows = GLOBAL_BATCH // groups
+    world = sp * groups
+    order = ResumableSampler(len(data), seed=0).order(0)  # the one process's training order (seed 0, epoch 0)
+    batches = order.view(-1, rows)  # micro-batch i: process i % world of round i // world
+    trained = [
+        batches[start + group * sp + rank]
+        for start in range(0, len(batches), world)
+        for rank in range(sp)
+        for group in range(groups)
+    ]
+    reordered = data.clone()
+    reordered[order] = data[torch.cat(trained)]
+    return reordered
+
+
 def windows_documents(output_dir: Path, per_device: int, deepspeed: str | None, sp: int, data: torch.Tensor) -> None:
     """The same steps with a window layer then a full one (`window_pattern="SL"`, 8 tokens) over packed documents,
     each layer's MLP a mixture of 8 experts (top-2): under SP, what Ulysses' attention drops the mask of
@@ -190,9 +217,18 @@ if __name__ == "__main__":
     sp = int(sys.argv.pop(sys.argv.index("--sp") + 1)) if "--sp" in sys.argv else 1
     own_count = "--own_token_count" in sys.argv
     also = "--windows_documents" in sys.argv
-    flags = ("--optim", "--gradient_checkpointing", "--sp", "--own_token_count", "--windows_documents")
+    groups = sys.argv.pop(sys.argv.index("--as_sp_groups") + 1) if "--as_sp_groups" in sys.argv else None
+    flags = (
+        "--optim",
+        "--gradient_checkpointing",
+        "--sp",
+        "--own_token_count",
+        "--windows_documents",
+        "--as_sp_groups",
+    )
     sys.argv = [a for a in sys.argv if a not in flags]
     deepspeed_config = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
     save = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     resume = len(sys.argv) > 5 and sys.argv[5] == "resume"
-    main(sys.argv[1], int(sys.argv[2]), deepspeed_config, save, resume, optim, checkpointing, sp, own_count, also)
+    args = (deepspeed_config, save, resume, optim, checkpointing, sp, own_count, also, groups)
+    main(sys.argv[1], int(sys.argv[2]), *args)

@@ -35,6 +35,7 @@ from hf_pretrain import export_hf
 from tests.distributed.test_distributed import CONFIGS, ENV, ROOT, SCRIPT, ZERO3, finish, free_port, launch, ranks
 
 pytestmark = pytest.mark.distributed
+POPEN = dict(cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def assert_follows(records, single, tolerance=1e-5):
@@ -105,3 +106,22 @@ def test_sp2_launch_config_trains_alike_and_resumes_exactly(tmp_path, single):
     again = json.loads((resumed / "rank-0-resumed.json").read_text())
     assert again["losses"] == {step: records[0]["losses"][step] for step in ("4", "5", "6")}
     assert again["digest"] == records[0]["digest"]  # bit for bit
+
+
+@pytest.mark.exhaustive  # four ranks and their own one-process reference: ~60 s
+def test_sp2_by_two_data_parallel_groups_follows_one_process_fed_the_same_rows(tmp_path):
+    """SP 2 on 4 ranks: two SP groups, each training its ranks' micro-batches in turn (Ulysses' loader adapter), so a
+    step trains other rows than plain data parallelism would; one process fed those rows in that order
+    (`dist_run.rows_as_sp_groups_train_them`) is the reference, same tolerance. Without `dp_shard_size` set to the
+    data-parallel groups DeepSpeed stopped at the first `prepare` ("train_batch_size is not equal to ...")."""
+    reference, sp = tmp_path / "reference", tmp_path / "sp"
+    finish(subprocess.Popen([sys.executable, str(SCRIPT), str(reference), "8", "--as_sp_groups", "2x2"], **POPEN))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port"]
+    command += [str(free_port()), str(SCRIPT), str(sp), "4", ZERO3, "0", "-", "--sp", "2", "--own_token_count"]
+    finish(subprocess.Popen(command, **POPEN))
+    records, single = ranks(sp), ranks(reference)[0]
+    assert [r["world_size"] for r in records] == [4] * 4 and len({r["digest"] for r in records}) == 1
+    for key in ("losses", "grad_norms"):
+        for step, value in single[key].items():
+            assert abs(records[0][key][step] - value) <= 1e-5, (key, step)
+    assert [r["tokens_seen"] for r in records] == [single["tokens_seen"]] * 4 == [6 * 8 * 32] * 4

@@ -16,7 +16,13 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from hf_pretrain import PretrainForCausalLM
 from hf_pretrain.modeling.attention import build_attention_masks
 from hf_pretrain.training import tensor_parallel
-from hf_pretrain.training.sequence_parallel import FullSequenceSdpa, PositionIds, check_arguments, check_run
+from hf_pretrain.training.sequence_parallel import (
+    FullSequenceSdpa,
+    PositionIds,
+    check_arguments,
+    check_run,
+    data_parallel_groups,
+)
 from tests.conftest import quick_args, small_config
 
 ZERO3 = str(Path(__file__).resolve().parents[2] / "ds_configs" / "zero3.json")
@@ -178,3 +184,13 @@ def test_what_breaks_under_autotp_is_refused(case, overrides, message):
 @pytest.mark.parametrize("zero_stage, precision", [(0, None), (1, "bf16"), (2, "fp32")])
 def test_what_runs_under_autotp_passes(zero_stage, precision):
     tensor_parallel.check_run(2, world=4, zero_stage=zero_stage, sp_size=1, parallel_tp_size=1, precision=precision)
+
+
+def test_the_data_parallel_groups_are_named_for_deepspeed_s_batch_check():
+    """accelerate sizes DeepSpeed's train_batch_size by the config's data-parallel size under SP (1 unless named):
+    SP 2 on 8 processes must say 4 groups, else DeepSpeed stops at the first prepare."""
+    assert data_parallel_groups(ParallelismConfig(sp_size=2), 8) == 4
+    assert data_parallel_groups(ParallelismConfig(sp_size=2, dp_shard_size=4), 8) == 4
+    assert data_parallel_groups(ParallelismConfig(sp_size=2), 2) == 1
+    with pytest.raises(ValueError, match=r"^parallelism_config\.sp_size=2: dp_replicate_size=1 x dp_shard_size=3"):
+        data_parallel_groups(ParallelismConfig(sp_size=2, dp_shard_size=3), 8)
