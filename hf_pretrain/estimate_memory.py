@@ -9,7 +9,7 @@ import argparse
 import json
 
 from .chips import known_chips
-from .distributed.memory import PRECISIONS, estimate_memory
+from .distributed.memory import PRECISIONS, check_tp, estimate_memory
 from .distributed.memory_format import format_estimate
 
 
@@ -48,6 +48,12 @@ def cli(argv: list[str]) -> int:
     parser.add_argument(
         "--sp", type=int, default=1, help="Ulysses sequence-parallel degree: 1/SP of each sequence per GPU (default 1)"
     )
+    parser.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="DeepSpeed AutoTP degree: 1/TP of the attention and MLP linears per GPU, ZeRO over GPUS/TP (default 1)",
+    )
     parser.add_argument("--device", default=None, help=f"GPU name, one of {known_chips('memory')}")
     parser.add_argument("--device-memory-gb", type=float, default=None, help="device memory in GiB (overrides)")
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON (bytes)")
@@ -58,6 +64,13 @@ def cli(argv: list[str]) -> int:
     seq = args.seq or load_config(name).max_position_embeddings
     if args.sp < 1 or args.gpus % args.sp or seq % args.sp:
         parser.error(f"--sp {args.sp} must divide --gpus {args.gpus} and the sequence length {seq}")
+    try:
+        check_tp(args.tp, args.gpus, 3 if args.fsdp2 else args.zero, args.fsdp2, args.sp)
+    except ValueError as error:
+        flags = str(error)  # the estimator's argument names as the command's flags
+        for name in ("tp", "sp", "gpus", "zero"):
+            flags = flags.replace(f"{name}=", f"--{name} ")
+        parser.error(flags)
     estimate = estimate_memory(
         load_config(name),
         3 if args.fsdp2 else args.zero,
@@ -73,6 +86,7 @@ def cli(argv: list[str]) -> int:
         model=name,
         fsdp2=args.fsdp2,
         sp=args.sp,
+        tp=args.tp,
     )
     print(json.dumps(estimate.to_dict(), indent=2) if args.json else format_estimate(estimate))
     return 1 if estimate.fits is False else 0

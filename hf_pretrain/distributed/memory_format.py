@@ -18,8 +18,13 @@ def format_estimate(estimate: MemoryEstimate) -> str:
     unit_bytes = weight + grad  # a gathered unit, in the compute dtype
     if est.fsdp2:  # fp32 shards: the master weights, their gradients, Adam's m and v
         weight, grad, optim = 4, 4, 8
-    n = est.gpus
+    n, dp = est.gpus, est.gpus // est.tp  # ZeRO partitions over the data-parallel ranks (all of them without TP)
     split = {k: f" / {n}" if est.zero >= stage and n > 1 else "" for k, stage in (("p", 3), ("g", 2), ("o", 1))}
+    psi = "Psi"
+    if est.tp > 1:  # AutoTP: a rank's share of the parameters, ZeRO over gpus / tp
+        psi = f"Psi_tp {est.parameters // weight:,}" if weight else "Psi_tp"
+        split = {k: f" / {dp}" if est.zero >= stage and dp > 1 else "" for k, stage in (("g", 2), ("o", 1))}
+        split["p"] = ""
     optim_what = "fp32 master, Adam m, v" if optim == 12 else "Adam m, v"
     if est.fsdp2:
         optim_what += "; the fp32 shards are the master"
@@ -32,22 +37,23 @@ def format_estimate(estimate: MemoryEstimate) -> str:
         kernel = "flash" if est.flash_attention else "softmax kept"
         activations = f"{est.num_layers} x {tokens} x {est.layer_bytes_per_token:,} B/token ({kernel}) + final norm"
     rows = [
-        ("parameters", est.parameters, f"{weight} B x Psi{split['p']}" + (" -> CPU" if not est.parameters else "")),
-        ("gradients", est.gradients, f"{grad} B x Psi{split['g']}"),
+        ("parameters", est.parameters, f"{weight} B x {psi}{split['p']}" + (" -> CPU" if not est.parameters else "")),
+        ("gradients", est.gradients, f"{grad} B x {'Psi_tp' if est.tp > 1 else 'Psi'}{split['g']}"),
     ]
     if est.gradient_partition_fp32:
         rows.append(
             (
                 "fp32 grad partition",
                 est.gradient_partition_fp32,
-                f"4 B x Psi / {n}, in the step only: total takes max(it, activations + loss + gathered)",
+                f"4 B x {'Psi_tp' if est.tp > 1 else 'Psi'} / {dp}, in the step only: total takes max(it, activations + loss + gathered)",
             )
         )
     rows += [
         (
             "optimizer states",
             est.optimizer_states,
-            f"{optim} B x Psi{split['o']} ({optim_what})" + (" -> CPU" if est.offload else ""),
+            f"{optim} B x {'Psi_tp' if est.tp > 1 else 'Psi'}{split['o']} ({optim_what})"
+            + (" -> CPU" if est.offload else ""),
         ),
         ("activations", est.activations, activations),
         (
@@ -67,7 +73,8 @@ def format_estimate(estimate: MemoryEstimate) -> str:
         f"{est.model}: {est.num_parameters / 1e9:.3f} B parameters (Psi), {est.precision}, "
         f"{'FSDP2' if est.fsdp2 else f'ZeRO-{est.zero}'} over {n} GPU"
         f"{'s' if n > 1 else ''}{', CPU offload' if est.offload else ''}"
-        f"{f', Ulysses SP {est.sp} (1/{est.sp} of each sequence per GPU)' if est.sp > 1 else ''}\n"
+        f"{f', Ulysses SP {est.sp} (1/{est.sp} of each sequence per GPU)' if est.sp > 1 else ''}"
+        f"{f', AutoTP {est.tp} (ZeRO over {dp} data-parallel GPUs)' if est.tp > 1 else ''}\n"
         f"sequence {est.seq_len} x micro-batch {est.micro_batch}, "
         f"{'flash attention' if est.flash_attention else 'no flash attention'}, "
         f"{_checkpointing_label(est.checkpointing)}\n"

@@ -10,7 +10,14 @@ import torch
 
 from hf_pretrain import PretrainForCausalLM
 from hf_pretrain.distributed import MemoryEstimate, estimate_memory, format_estimate
-from hf_pretrain.distributed.memory import activation_bytes, count_parameters, device_memory_bytes
+from hf_pretrain.distributed.memory import (
+    activation_bytes,
+    attention_widths,
+    count_parameters,
+    device_memory_bytes,
+    layer_activation_bytes_per_token,
+    tp_parameters,
+)
 from hf_pretrain.estimate_memory import cli
 from hf_pretrain.modeling.loss import chunk_rows
 from hf_pretrain.presets import get_preset
@@ -391,3 +398,84 @@ def test_sequence_parallelism_divides_activations_and_loss_not_model_states():
     for sp, gpus, seq in ((3, 8, 1024), (2, 8, 1023), (0, 8, 1024)):
         with pytest.raises(ValueError, match=f"sp={sp} is invalid"):
             estimate_memory(config, 3, gpus, "bf16", seq, 1, sp=sp)
+
+
+def _split_linears(model) -> int:
+    """Parameters of the decoder layers' `nn.Linear`s (q/k/v/o, a dense MLP's gate/up/down): what AutoTP splits."""
+    linears = [m for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    return sum(p.numel() for m in linears for p in m.parameters())
+
+
+@pytest.mark.parametrize(
+    "config",
+    [get_preset("tiny"), get_preset("tiny-moe"), get_preset("gpt2-124m", num_hidden_layers=2)],
+    ids=["tiny", "moe-experts-whole", "tied-vocabulary-parallel"],
+)
+def test_tensor_parallelism_splits_the_linears_and_a_tied_embedding(config):
+    """AutoTP of 2: half of every decoder linear (and of a tied embedding, vocabulary-parallel) per rank, the rest
+    (norms, an untied embedding and head, the router and MoE experts) whole; counted on the model built."""
+    with torch.device("meta"):
+        model = PretrainForCausalLM(config)
+    split = _split_linears(model) + (config.vocab_size * config.hidden_size if config.tie_word_embeddings else 0)
+    assert tp_parameters(config, 2) == count_parameters(config) - split // 2
+    assert tp_parameters(config, 1) == count_parameters(config)
+
+
+def test_tensor_parallelism_divides_split_states_then_zero_over_the_data_parallel_ranks():
+    """ZeRO-1/2 under AutoTP partition a rank's share over gpus / tp ranks (DeepSpeed's data-parallel group)."""
+    config = seven_b()
+    share = tp_parameters(config, 2)
+    assert 0.5 < share / count_parameters(config) < 0.53  # all but the embeddings and norms split
+    for zero in (0, 1, 2):
+        tp2 = estimate_memory(config, zero, 8, "bf16", 4096, 1, tp=2)
+        assert tp2.parameters == 2 * share
+        assert tp2.gradients == 2 * share // (4 if zero >= 2 else 1)
+        assert tp2.optimizer_states == 12 * share // (4 if zero >= 1 else 1)
+        assert tp2.gradient_partition_fp32 == (4 * share // 4 if zero else 0)
+    estimate = estimate_memory(config, 1, 8, "bf16", 4096, 1, tp=2)
+    assert "AutoTP 2 (ZeRO over 4 data-parallel GPUs)" in format_estimate(estimate)
+    assert "12 B x Psi_tp / 4" in format_estimate(estimate)
+
+
+def test_tensor_parallelism_divides_the_heads_and_mlp_activations_not_the_residual_stream():
+    """Attention (q, k, v, output, log-sum-exp) and the SwiGLU intermediates per rank are 1/tp; the norms, a
+    checkpointed layer's input, RoPE and an untied head's loss whole."""
+    config = get_preset("tiny")  # 4 heads, 2 KV heads, h 128, MLP 384: even splits
+    e, h, heads, (q, k) = 4, config.hidden_size, config.num_attention_heads, attention_widths(config)
+    attention_and_mlp = e * (2 * q + 2 * k) + 4 * heads + 4 * e * config.intermediate_size
+    one, two = (layer_activation_bytes_per_token(config, 1024, "fp32", tp=tp) for tp in (1, 2))
+    assert one - two == attention_and_mlp // 2
+    tokens = 1024 * config.num_hidden_layers
+    assert activation_bytes(config, 1024, 1, "fp32") - activation_bytes(config, 1024, 1, "fp32", tp=2) == (
+        tokens * attention_and_mlp // 2
+    )
+    full, full_tp = (activation_bytes(config, 1024, 1, "fp32", checkpointing=True, tp=tp) for tp in (1, 2))
+    assert full - full_tp == 1024 * attention_and_mlp // 2  # only the one layer rebuilt in backward shrinks
+    assert e * h * 1024 * config.num_hidden_layers < full_tp
+    untied = [estimate_memory(config, 1, 2, "fp32", 1024, 1, tp=tp).logits for tp in (1, 2)]
+    assert untied[0] == untied[1]  # the replicated head computes the whole loss
+    moe = get_preset("tiny-moe")  # experts whole: only the attention shrinks
+    moe_attention = e * sum(2 * w for w in attention_widths(moe)) + 4 * moe.num_attention_heads
+    moe_bytes = [layer_activation_bytes_per_token(moe, 1024, "fp32", kind="sparse", tp=tp) for tp in (1, 2)]
+    assert moe_bytes[0] - moe_bytes[1] == moe_attention // 2
+    masks = [estimate_memory(config, 1, 2, "fp32", 1024, 1, dense_mask_layers=2, tp=tp).attention_mask for tp in (1, 2)]
+    assert masks[0] == masks[1] > 0  # every rank builds the whole s x s mask
+
+
+def test_tensor_parallelism_refuses_what_autotp_does_not_run(capsys):
+    config = get_preset("tiny")
+    for kwargs, message in (
+        (dict(zero=1, gpus=8, tp=3), "tp=3 is invalid: it must be a positive divisor of gpus=8"),
+        (dict(zero=1, gpus=8, tp=0), "tp=0 is invalid"),
+        (dict(zero=3, gpus=8, tp=2), "tp=2 with ZeRO-3: AutoTP runs under ZeRO 0, 1 or 2 only"),
+        (dict(zero=3, gpus=8, tp=2, fsdp2=True), "tp=2 with FSDP2"),
+        (dict(zero=1, gpus=8, tp=2, sp=2), "tp=2 with sp=2"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            estimate_memory(config, precision="bf16", seq_len=1024, **kwargs)
+    assert cli(["--preset", "tiny", "--zero", "1", "--gpus", "8", "--tp", "2"]) == 0
+    assert "AutoTP 2" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli(["--preset", "tiny", "--zero", "3", "--gpus", "8", "--tp", "2"])
+    err = capsys.readouterr().err
+    assert "--tp 2 with ZeRO-3" in err and "pass --zero 1" in err
