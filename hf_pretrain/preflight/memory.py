@@ -45,11 +45,12 @@ class RunShape:
     dense_mask_layers: int = 0
     offload: bool = False
     sp: int = 1  # Ulysses sequence parallelism: each rank holds 1/sp of every sequence
+    tp: int = 1  # DeepSpeed AutoTP: each rank holds 1/tp of the split linears, ZeRO over world / tp ranks
 
     @classmethod
     def of_run(cls, args, config, plan: dict, seq_len: int, micro_batch: int | None = None, **sharding) -> RunShape:
         """A run's shape from its `TrainingArguments`, its attention plan (`kernel_memory`) and sequence length;
-        `sharding`: `zero`, `fsdp2`, `offload`, `sp` (none: DDP or one process)."""
+        `sharding`: `zero`, `fsdp2`, `offload`, `sp`, `tp` (none: DDP or one process)."""
         micro_batch = micro_batch or args.per_device_train_batch_size
         checkpointing = bool(args.gradient_checkpointing)
         kernels = kernel_memory(config, plan)
@@ -71,6 +72,7 @@ class RunShape:
             fsdp2=self.fsdp2,
             dense_mask_layers=self.dense_mask_layers,
             sp=self.sp,
+            tp=self.tp,
         )
 
 
@@ -198,6 +200,7 @@ class MemoryCheck:
         head = (
             f"memory preflight: sequences of {shape.seq_len} tokens"
             f"{f' (1/{shape.sp} per rank, Ulysses SP)' if shape.sp > 1 else ''} x micro-batch {shape.micro_batch} "
+            f"{f'(AutoTP {shape.tp}: 1/{shape.tp} of the attention and MLP per rank) ' if shape.tp > 1 else ''}"
             f"({shape.precision}{', activation checkpointing' if shape.checkpointing else ''}) need about "
             f"{self.need / GiB:.1f} GiB per process ({detail} GiB; hf_pretrain.distributed.memory), "
             f"{self.free / GiB:.1f} GiB free ({self.where})"

@@ -36,8 +36,8 @@ What is added here, each found by running 2 gloo ranks against one process (test
    Measured and not refused: KV heads fewer than the TP size (DeepSpeed warns; ranks past the heads hold no
    attention shard), heads and MLP widths not divisible by it, sliding windows, MoE, tied embeddings: losses within
    1e-6 and gradient norms within 1.4e-6 of one process over 6 steps (docs/distributed.md).
-4. The memory preflight is skipped with a warning (`wiring.py`): the estimator prices every rank with the whole
-   model, and would refuse the runs TP exists for.
+4. The memory preflight prices each rank's share (`wiring.py` passes `tensor_parallel_size` as the estimator's
+   `tp`: distributed/memory.py, measured by benchmarks/tensor_parallel.py).
 GPUs/NCCL: nothing here depends on the backend. accelerate's `init_device_mesh("cuda", (tp,))` puts the TP group on
 NCCL and DeepSpeed's all-reduces run there; the ranks of a TP group should share a node (NVLink), which the
 consecutive ranks of a launch are. FlashAttention runs per head on the rank's heads and its variable-length

@@ -150,13 +150,6 @@ def memory_preflight_for(trainer) -> MemoryCheck | None:
     seq_len = sequence_length(trainer)
     if report is None or policy == "ignore" or not seq_len:
         return None
-    if (tp := tensor_parallel_size(trainer)) > 1:  # tensor_parallel.py: a rank holds 1/tp of each split linear
-        if trainer.is_world_process_zero():
-            logger.warning(
-                f"memory preflight skipped: the estimator does not divide the weights by tensor_parallel.autotp_size={tp}"
-                " yet, and would price every rank with the whole model (docs/distributed.md)."
-            )
-        return None
     micro = args.per_device_train_batch_size
     if hasattr(trainer.train_dataset, "__len__"):
         micro = max(1, min(micro, len(trainer.train_dataset)))
@@ -173,7 +166,9 @@ def memory_preflight_for(trainer) -> MemoryCheck | None:
         zero, fsdp2 = 3, True
     plan = {row.layer_type: row for row in report.rows}
     sp = trainer.get_sp_size()  # Ulysses (sequence_parallel.py, pinned before this runs): 1/sp of each sequence
-    shape = RunShape.of_run(args, model.config, plan, seq_len, micro, zero=zero, fsdp2=fsdp2, offload=offload, sp=sp)
+    tp = tensor_parallel_size(trainer)  # AutoTP (tensor_parallel.py): 1/tp of each split linear per rank
+    sharding = dict(zero=zero, fsdp2=fsdp2, offload=offload, sp=sp, tp=tp)
+    shape = RunShape.of_run(args, model.config, plan, seq_len, micro, **sharding)
     check = check_memory(model.config, shape, args.device, held=model_bytes(model, args.device))
     main = trainer.is_world_process_zero()
     enforce_memory_policy(check, policy if main or policy == "error" else "ignore", logger.warning)

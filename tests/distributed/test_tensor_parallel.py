@@ -13,7 +13,8 @@ the tokens seen (tokens/s and MFU) must equal the one process's, by the Trainer'
 own. `save_model` gathers the TP shards (`stage3_gather_16bit_weights_on_model_save`, fp32 here); exported by
 `export_hf`, the model loads in plain `LlamaForCausalLM` with the TP run's logits and the one process's. A resume
 (exhaustive) from the checkpoint of step 3 (one `mp_rank_XX` file per TP rank, saved in the background) trains
-steps 4-6 to the bit, each rank ending with the parameters of the whole run.
+steps 4-6 to the bit, each rank ending with the parameters of the whole run. The memory preflight prices each
+rank's share of the split weights (`estimate_memory(..., tp=2)`), the count the rank holds.
 """
 
 import json
@@ -63,7 +64,15 @@ def test_tp2_follows_the_single_process_curve_counts_once_and_exports(tmp_path, 
     assert_follows(records, single)
     assert_counts_each_token_once(records, single)  # the Trainer's counter
     assert_exports_the_one_process_model(tmp_path, records, single)
-    assert "memory_estimate" not in records[0]  # the preflight, which would price the whole model per rank, is off
+    assert_preflight_prices_the_split(records)
+
+
+def assert_preflight_prices_the_split(records):
+    """The memory preflight ran with the run's TP size and priced this rank's share of the weights (fp32: 4 bytes
+    each), the count the rank really holds, not the whole model."""
+    estimate = records[0]["memory_estimate"]
+    assert (estimate["tp"], estimate["zero"], estimate["gpus"]) == (2, 1, 2)
+    assert estimate["parameters"] == 4 * records[0]["parameters"] < 4 * estimate["num_parameters"]
 
 
 @pytest.mark.exhaustive  # two launches: the accelerate launch config with TokenCounter's own count, then a resume
