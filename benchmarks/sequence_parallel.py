@@ -27,6 +27,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from transformers import TrainerCallback
+
+from hf_pretrain.distributed.live_tensors import live_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1024**2
 
@@ -48,15 +52,45 @@ def config_of(args: argparse.Namespace):
     return get_preset(args.preset, num_hidden_layers=args.layers, max_position_embeddings=args.seq)
 
 
+class ActivationPeaks(TrainerCallback):
+    """Each step's forward activation peak (`peaks`): live bytes less the parameters' storages (gathered,
+    partitioned or split), sampled at the module boundaries of the module docstring, less the count at the
+    model's entry."""
+
+    def __init__(self, model):
+        self.model, self.entry, self.peak, self.peaks = model, 0, 0, []
+
+    def activations(self) -> int:
+        held = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+        held |= {p.ds_tensor.untyped_storage().data_ptr() for p in self.model.parameters() if hasattr(p, "ds_tensor")}
+        return live_bytes(exclude=held)
+
+    def at_entry(self, *_):
+        self.entry = self.peak = self.activations()
+
+    def sample(self, *_):
+        self.peak = max(self.peak, self.activations())
+
+    def on_train_begin(self, *_, **__):  # after DeepSpeed replaced any linears (AutoTP): hook the live modules
+        model = self.model
+        model.register_forward_pre_hook(self.at_entry)
+        for layer in model.model.layers:
+            layer.register_forward_pre_hook(self.sample)
+            layer.register_forward_hook(self.sample)
+            layer.self_attn.o_proj.register_forward_pre_hook(self.sample)
+        model.model.norm.register_forward_hook(self.sample)
+
+    def on_step_end(self, *_, **__):
+        self.peaks.append(self.peak - self.entry)
+
+
 def worker(args: argparse.Namespace) -> None:
     """One launched rank: train `steps` steps, counting live tensors around every module; write rank-<r>.json."""
     import torch
     from accelerate import ParallelismConfig
     from datasets import Dataset
-    from transformers import TrainerCallback
 
     from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
-    from hf_pretrain.distributed.live_tensors import live_bytes
 
     torch.manual_seed(0)
     config = config_of(args)
@@ -78,54 +112,34 @@ def worker(args: argparse.Namespace) -> None:
         parallelism_config=ParallelismConfig(sp_size=args.sp) if args.sp > 1 else None,
     )
     model = PretrainForCausalLM(config)
-    state = {"step": 0, "entry": 0, "peak": 0, "peaks": []}
-
-    def activations() -> int:
-        """Live bytes less the storages of the parameters (gathered or partitioned)."""
-        held = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        held |= {p.ds_tensor.untyped_storage().data_ptr() for p in model.parameters() if hasattr(p, "ds_tensor")}
-        return live_bytes(exclude=held)
-
-    def entry(module, inputs):
-        state["entry"] = state["peak"] = activations()
-
-    def sample(module, *_):
-        state["peak"] = max(state["peak"], activations())
-
-    class Measure(TrainerCallback):
-        def on_train_begin(self, *_, **__):
-            model.register_forward_pre_hook(entry)
-            for layer in model.model.layers:
-                layer.register_forward_pre_hook(sample)
-                layer.register_forward_hook(sample)
-                layer.self_attn.o_proj.register_forward_pre_hook(sample)
-            model.model.norm.register_forward_hook(sample)
-
-        def on_step_end(self, *_, **__):
-            state["peaks"].append(state["peak"] - state["entry"])
-
+    measure = ActivationPeaks(model)
     trainer = PretrainTrainer(
         model=model,
         args=training,
         train_dataset=Dataset.from_dict({"input_ids": data, "labels": data}),
-        callbacks=[Measure()],
+        callbacks=[measure],
     )
     trainer.train()
-    record = {"peaks": state["peaks"], "sp": trainer.get_sp_size(), "world": training.world_size}
+    record = {"peaks": measure.peaks, "sp": trainer.get_sp_size(), "world": training.world_size}
     Path(args.worker, f"rank-{training.process_index}.json").write_text(json.dumps(record))
 
 
-def launch(sp: int, argv: list[str], out: Path) -> dict:
+def run_ranks(script: str, label: str, argv: list[str], out: Path) -> list[dict]:
+    """`script` launched on 2 ranks (torchrun) with `argv` and `--worker out`: the rank-<r>.json records."""
     out.mkdir(parents=True)
-    port = 29500 + (os.getpid() + sp) % 1000
+    port = 29500 + (os.getpid() + hash(label)) % 1000
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
-    command += [__file__, *argv, "--sp", str(sp), "--worker", str(out)]
+    command += [script, *argv, "--worker", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    print(f"SP={sp}: training on 2 ranks ...", flush=True)
+    print(f"{label}: training on 2 ranks ...", flush=True)
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:
-        raise RuntimeError(f"SP={sp} run failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
-    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+        raise RuntimeError(f"{label} run failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    return [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+
+
+def launch(sp: int, argv: list[str], out: Path) -> dict:
+    ranks = run_ranks(__file__, f"SP={sp}", [*argv, "--sp", str(sp)], out)
     assert all(r["sp"] == sp and r["world"] == 2 for r in ranks), ranks
     return {"peak": max(max(r["peaks"][1:] or r["peaks"]) for r in ranks)}  # after the first step, the larger rank
 
