@@ -21,11 +21,9 @@ from ..callback import PretrainCallback
 class MixtureCallback(PretrainCallback):
     @classmethod
     def from_arguments(cls, trainer, built=()) -> MixtureCallback | None:
-        from ..training.tensor_parallel import tensor_parallel_size  # training/ imports this module
-
         dataset = trainer.train_dataset
         return (
-            cls(dataset, trainer.get_sp_size() * tensor_parallel_size(trainer))
+            cls(dataset, trainer.get_sp_size() * trainer.get_tp_size())  # the Trainer's: Ulysses SP, AutoTP
             if hasattr(dataset, "tokens_per_source") and getattr(dataset, "keeps_order", False)
             else None
         )

@@ -130,6 +130,7 @@ def main(
         "world_size": args.world_size,
         "digest": parameters_digest(trainer),
         "parameters": sum(p.numel() for p in trainer.model.parameters()),  # this rank's (AutoTP: its shards)
+        "ranks_per_row": trainer.get_sp_size() * trainer.get_tp_size(),  # what MixtureCallback counts a group by
         "tokens_seen": trainer.tokens_seen(),  # what tokens/s and MFU are computed from (a collective: every rank)
         "flops_per_token": flops_per_token(model.config, sequence_length(trainer)),  # the MFU's numerator per token
     }

@@ -63,6 +63,7 @@ def test_tp2_follows_the_single_process_curve_counts_once_and_exports(tmp_path, 
     assert_split_in_two(records)
     assert_follows(records, single)
     assert_counts_each_token_once(records, single)  # the Trainer's counter
+    assert [r["ranks_per_row"] for r in records] == [2, 2]  # a mixture's rows: one batch per TP group
     assert_exports_the_one_process_model(tmp_path, records, single)
     assert_preflight_prices_the_split(records)
 
@@ -94,3 +95,20 @@ def test_tp2_launch_config_trains_alike_and_resumes_exactly(tmp_path, single):
         assert again["losses"] == {step: record["losses"][step] for step in ("4", "5", "6")}
         assert again["digest"] == record["digest"]  # this rank's shards, bit for bit
         assert again["tokens_seen"] == single["tokens_seen"] // 2  # steps 4-6 of this session
+
+
+@pytest.mark.exhaustive  # four ranks: ~30 s
+def test_tp2_by_two_data_parallel_groups_follows_the_single_process_curve(tmp_path, single):
+    """TP 2 x 2 data-parallel groups (ZeRO-1 over the groups): accelerate's loader gives data rank process // tp, so
+    each group trains 4 of the one process's 8 rows a step; same curve, same tolerance (measured 9.5e-7)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port"]
+    command += [str(free_port()), str(SCRIPT), str(tmp_path), "4", AUTOTP]
+    finish(subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    records = ranks(tmp_path)
+    assert [r["world_size"] for r in records] == [4] * 4
+    digests = [r["digest"] for r in records]  # a rank's own shards: TP rank 0 of each group alike, and TP rank 1
+    assert digests[0] == digests[2] != digests[1] == digests[3]
+    for key in ("losses", "grad_norms"):
+        for step, value in single[key].items():
+            assert abs(records[0][key][step] - value) <= 1e-5, (key, step)
+    assert [r["tokens_seen"] for r in records] == [single["tokens_seen"]] * 4
