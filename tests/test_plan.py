@@ -582,12 +582,12 @@ def test_the_all_to_all_is_priced_in_the_step_time():
     plan = _sp_plan(131072)
     shard_tokens = 65536 * plan.micro_batch * plan.grad_accum
     sent = 2 * (2 * 4096 + 2 * 1024) / 2 * 3 * 42 * shard_tokens
-    assert plan.all_to_all_bytes == pytest.approx(sent)
-    assert plan.all_to_all_seconds == pytest.approx(sent / (450e9 * LINK_EFFICIENCY))
+    assert plan.collective == "all-to-all" and plan.collective_bytes == pytest.approx(sent)
+    assert plan.collective_seconds == pytest.approx(sent / (450e9 * LINK_EFFICIENCY))
     compute = plan.global_batch_tokens * plan.flops_per_token * CHECKPOINTING_COST / plan.hardware.sustained_flops
-    assert plan.step_seconds == pytest.approx(compute + plan.all_to_all_seconds)  # in the step, not beside it
+    assert plan.step_seconds == pytest.approx(compute + plan.collective_seconds)  # in the step, not beside it
     slow = _sp_plan(131072, link_gbps=45.0)  # a tenth of the link: ten times the all-to-all
-    assert slow.all_to_all_seconds == pytest.approx(10 * plan.all_to_all_seconds * slow.grad_accum / plan.grad_accum)
+    assert slow.collective_seconds == pytest.approx(10 * plan.collective_seconds * slow.grad_accum / plan.grad_accum)
 
 
 def test_sequence_parallel_replaces_the_recompute_where_its_all_to_all_costs_less():
@@ -613,7 +613,9 @@ def test_sequence_parallel_replaces_the_recompute_where_its_all_to_all_costs_les
 def test_sequence_parallel_refuses_what_sp_refuses():
     from hf_pretrain.plan.planner import sp_blocker
 
-    with pytest.raises(PlanRefused, match=r"GiB per GPU \([0-9,.]+ of them the windowed layers' dense masks on SDPA\)"):
+    masks = r"GiB per GPU \([0-9,.]+ of them the windowed layers' dense masks on SDPA\)"
+    autotp = r"nor does DeepSpeed AutoTP with ZeRO-1 \(tensor parallelism 2 / 4 / 8 over a node's GPUs\): at best"
+    with pytest.raises(PlanRefused, match=f"{masks}.*{autotp}"):
         _sp_plan(131072, window_pattern="SSSL", sliding_window=4096)  # windows run under SP, on s x s masks
     with pytest.raises(PlanRefused, match="runs inside DeepSpeed ZeRO-3: use --sharding deepspeed"):
         _sp_plan(131072, sharding="fsdp2")
@@ -640,7 +642,7 @@ def test_the_sp_launch_carries_sp_and_the_example_accepts_it(tmp_path):
     assert accel.parallelism_config["parallelism_config_sp_size"] == 2
     assert accel.parallelism_config["parallelism_config_sp_backend"] == "deepspeed"
     saved = json.loads((out / "plan.json").read_text())
-    assert saved["parallelism"]["sp_size"] == 2 and saved["parallelism"]["all_to_all_priced"] is True
+    assert saved["parallelism"]["sp_size"] == 2 and saved["parallelism"]["collective_priced"] is True
     example = load_example()
     model_args, data_args, args = example.parse_args(shlex.split(saved["command"].split("examples/pretrain.py ")[1]))
     example.check_arguments(model_args, data_args)
@@ -658,3 +660,76 @@ def test_estimate_memory_takes_sp(capsys):
     with pytest.raises(SystemExit):
         cli([*argv, "--sp", "3"])
     assert "--sp 3 must divide --gpus 8" in capsys.readouterr().err
+
+
+# Tensor parallelism (DeepSpeed AutoTP + ZeRO-1). 6B is the family's 41 x 3584, 28 heads / 4 KV; with SSSL windows at
+# 128K neither ZeRO-3 + checkpointing (70.9 GiB) nor SP (the windows' dense masks on SDPA) holds a step in 67.7 GiB.
+def _tp_plan(seq_len: int = 131072, device: str = "h100", **kwargs):
+    windows = dict(window_pattern="SSSL", sliding_window=4096)
+    return make_plan(PlanRequest(device, gpus=8, params=6e9, tokens=120e9, seq_len=seq_len, **{**windows, **kwargs}))
+
+
+def test_tensor_parallel_only_where_data_sharding_and_sp_hold_nothing():
+    from hf_pretrain.plan.planner import splits_heads
+
+    plan = _tp_plan()
+    c, usable = plan.config, plan.usable_bytes
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads) == (41, 3584, 28, 4)
+    alone = estimate_memory(c, 3, 8, "bf16", 131072, 1, checkpointing=True, device_memory_gb=79.6)
+    assert alone.total > usable  # ZeRO-3 + checkpointing alone does not hold it
+    assert plan.tp == 4 and plan.sp == 1 and plan.strategy.name == "zero1_tp" and plan.strategy.zero == 1
+    assert plan.memory.total <= usable and plan.checkpointing and plan.data_parallel == 2
+    assert plan.memory.total == estimate_memory(c, 1, 8, "bf16", 131072, 1, checkpointing=True, device_memory_gb=79.6,
+                                                tp=4).total  # fmt: skip
+    assert plan.global_batch_tokens == 2 * plan.micro_batch * plan.grad_accum * 131072  # rows per TP group
+    # TP 8 holds it too, but splits the 28 heads unevenly: the even split comes first
+    tp8 = estimate_memory(c, 1, 8, "bf16", 131072, 1, checkpointing=True, device_memory_gb=79.6, tp=8)
+    assert tp8.total <= usable and not splits_heads(c, 8) and splits_heads(c, 4)
+    assert "AutoTP 4 with ZeRO-1" in plan.tp_reason and "dense masks on SDPA" in plan.tp_reason
+    assert _tp_plan(65536).tp == 1  # data sharding holds it (with checkpointing): no TP
+    assert _sp_plan(131072).tp == 1  # SP holds it: no TP
+    with pytest.raises(PlanRefused, match="DeepSpeed AutoTP cannot take it: AutoTP runs inside DeepSpeed"):
+        _tp_plan(sharding="fsdp2")
+
+
+def test_the_all_reduce_is_priced_in_the_step_time():
+    """6B at 128K, AutoTP 4 with checkpointing: per layer and pass (3 with the recompute) two all-reduces of the
+    micro-batch's hidden states (3584 bf16 values a token), a ring sending 2 x 3/4 of each, over 450 GB/s x 0.8; and
+    the untied LM head (6 x 3584 x 65536 FLOPs a token) computed by each of the 4 TP ranks."""
+    plan = _tp_plan()
+    tokens = plan.micro_batch * plan.grad_accum * 131072  # the micro-batches of a TP group, every rank of it
+    sent = 2 * 3584 * 2 * 3 * 41 * 2 * 3 / 4 * tokens
+    assert plan.collective == "all-reduce" and plan.collective_bytes == pytest.approx(sent)
+    assert plan.collective_seconds == pytest.approx(sent / (450e9 * LINK_EFFICIENCY))
+    head = 3 * 6 * 3584 * 65536 / plan.flops_per_token
+    compute = (
+        plan.global_batch_tokens * plan.flops_per_token * (CHECKPOINTING_COST + head) / plan.hardware.sustained_flops
+    )
+    assert plan.step_seconds == pytest.approx(compute + plan.collective_seconds)  # in the step, not beside it
+    unknown = _tp_plan(device="mi300x", mfu=0.4, device_memory_gb=79.6)  # no link figure
+    assert unknown.tp > 1 and unknown.collective_seconds is None
+    assert any("AutoTP's all-reduce" in w and "not in the predicted tokens/s" in w for w in unknown.warnings)
+
+
+def test_the_tp_launch_carries_its_own_deepspeed_json_and_the_example_accepts_it(tmp_path):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    out, data = tmp_path / "plan", tmp_path / "corpus.jsonl"
+    data.write_text('{"text": "a document"}\n')
+    preset = (ROOT / "ds_configs" / "zero1_autotp.json").read_text()
+    files = write_plan(_tp_plan(), out, dataset=str(data))
+    accel = load_config_from_file(str(out / "accelerate_config.yaml"))
+    assert accel.distributed_type.value == "DEEPSPEED" and accel.num_processes == 8
+    assert accel.deepspeed_config["deepspeed_config_file"] == f"{out}/deepspeed_autotp.json" == str(files["deepspeed"])
+    assert accel.deepspeed_config["zero3_init_flag"] is False and not accel.parallelism_config
+    ds = json.loads(files["deepspeed"].read_text())
+    assert ds["tensor_parallel"] == {"autotp_size": 4} and ds["zero_optimization"]["stage"] == 1
+    assert (ROOT / "ds_configs" / "zero1_autotp.json").read_text() == preset  # the preset stays as shipped
+    saved = json.loads((out / "plan.json").read_text())["parallelism"]
+    assert saved["tp_size"] == 4 and saved["collective"] == "all-reduce" and saved["collective_priced"] is True
+    assert saved["inter_node_network"].startswith("unavailable, not priced")
+    example = load_example()
+    command = json.loads((out / "plan.json").read_text())["command"]
+    model_args, data_args, args = example.parse_args(shlex.split(command.split("examples/pretrain.py ")[1]))
+    example.check_arguments(model_args, data_args)
+    assert args.gradient_checkpointing

@@ -8,7 +8,9 @@
   the plan's processes and machines (and, over several nodes, `two_nodes.yaml`'s rendezvous keys), pointing
   at the shipped DeepSpeed preset (ds_configs/) for ZeRO-2/3: the settings keep one home, the repository's;
   with sequence parallelism, the `parallelism_config` keys of `cpu_2proc_sp.yaml` (the tested SP launch) with
-  the plan's degree;
+  the plan's degree; with AutoTP, the plan's own DeepSpeed JSON (below) instead of the preset;
+- `deepspeed_autotp.json` (AutoTP only): `ds_configs/zero1_autotp.json` with the plan's `autotp_size` (the
+  preset stays as shipped);
 - `launch.sh`: the exact `accelerate launch examples/pretrain.py ...` command (run it on every node with
   MACHINE_RANK set when there are several), with restarts allowed (`--max_restarts`, a rendezvous store per
   attempt) and `--resume_from_checkpoint auto`, so a failed run resumes by itself; with SP, documents packed
@@ -61,8 +63,17 @@ SHAPE_FIELDS = (
 )
 
 
-def accelerate_config(plan: Plan) -> dict:
-    """The shipped accelerate config of the plan's strategy, set to its processes, machines and presets."""
+def deepspeed_json(plan: Plan) -> dict:
+    """The strategy's DeepSpeed preset, with the plan's AutoTP degree."""
+    config = json.loads((ROOT / plan.strategy.deepspeed_config).read_text())
+    if plan.tp > 1:
+        config["tensor_parallel"] = {**config.get("tensor_parallel", {}), "autotp_size": plan.tp}
+    return config
+
+
+def accelerate_config(plan: Plan, deepspeed_file: str | None = None) -> dict:
+    """The shipped accelerate config of the plan's strategy, set to its processes, machines and presets
+    (`deepspeed_file`: the plan's own DeepSpeed JSON in place of the preset, for AutoTP)."""
     hw, strategy = plan.hardware, plan.strategy
     path = TEMPLATES / strategy.template
     if not path.exists():
@@ -73,7 +84,7 @@ def accelerate_config(plan: Plan) -> dict:
         nodes = yaml.safe_load((TEMPLATES / "two_nodes.yaml").read_text())
         config.update({key: nodes[key] for key in ("main_process_ip", "main_process_port", "same_network")})
     if strategy.deepspeed_config:
-        config["deepspeed_config"]["deepspeed_config_file"] = strategy.deepspeed_config
+        config["deepspeed_config"]["deepspeed_config_file"] = deepspeed_file or strategy.deepspeed_config
         config["deepspeed_config"]["zero3_init_flag"] = strategy.zero == 3
     if strategy.name == "fsdp2":
         config["fsdp_config"]["fsdp_activation_checkpointing"] = plan.checkpointing
@@ -141,20 +152,24 @@ def plan_dict(plan: Plan, command: list[str] | None = None) -> dict:
         "parallelism": {
             "strategy": plan.strategy.name,
             "zero": plan.strategy.zero,
-            "deepspeed_config": plan.strategy.deepspeed_config,
+            "deepspeed_config": plan.strategy.deepspeed_config,  # the preset; with AutoTP, the plan's copy below
+            "deepspeed_config_written": "deepspeed_autotp.json" if plan.tp > 1 else None,
             "accelerate_template": f"examples/accelerate_configs/{plan.strategy.template}",
             "activation_checkpointing": plan.checkpointing,
             "precision": hw.precision,
             "sp_size": plan.sp,
             "data_parallel_groups": plan.data_parallel,
             "sp_reason": plan.sp_reason,
-            "all_to_all_bytes_per_gpu_step": plan.all_to_all_bytes,
-            "all_to_all_seconds_per_step": plan.all_to_all_seconds,
-            "all_to_all_priced": plan.sp > 1 and plan.all_to_all_seconds is not None,
+            "tp_size": plan.tp,
+            "tp_reason": plan.tp_reason,
+            "collective": plan.collective,
+            "collective_bytes_per_gpu_step": plan.collective_bytes,
+            "collective_seconds_per_step": plan.collective_seconds,
+            "collective_priced": plan.collective is not None and plan.collective_seconds is not None,
             "link_gbps_each_way": hw.link_gbps,
             "link_source": hw.link_source,
             "link_efficiency": LINK_EFFICIENCY,
-            "tensor_parallel": "not planned: not wired into the Trainer yet",
+            "inter_node_network": "unavailable, not priced: AutoTP is not weighed against ZeRO-3 over nodes",
         },
         "memory": {**mem.to_dict(), "usable_bytes": plan.usable_bytes},
         "schedule": {"type": plan.schedule, "peak_lr": plan.peak_lr, "lr_scheduler_kwargs": plan.schedule_kwargs},
@@ -189,20 +204,22 @@ def _si(value: float, unit: str = "") -> str:
 
 
 def _ranks(plan: Plan) -> str:
-    """Who trains different rows: the GPUs, or with SP the data-parallel groups of `sp` GPUs."""
+    """Who trains different rows: the GPUs, or with SP (TP) the data-parallel groups of `sp` (`tp`) GPUs."""
     world = plan.hardware.world
-    if plan.sp > 1:
-        return f"{world} GPUs / SP {plan.sp} = {plan.data_parallel} group{'s' if plan.data_parallel > 1 else ''}"
+    if plan.sp > 1 or plan.tp > 1:
+        degree = f"SP {plan.sp}" if plan.sp > 1 else f"TP {plan.tp}"
+        return f"{world} GPUs / {degree} = {plan.data_parallel} group{'s' if plan.data_parallel > 1 else ''}"
     return f"{world} GPU{'s' if world > 1 else ''}"
 
 
-def _all_to_all(plan: Plan) -> str:
-    """SP's all-to-all per step: its volume and, where the link is known, its time (in the step above)."""
-    sent = f"all-to-all {plan.all_to_all_bytes / GiB:,.1f} GiB sent per GPU per step"
-    if plan.all_to_all_seconds is None:
+def _collective(plan: Plan) -> str:
+    """SP's all-to-all (AutoTP's all-reduce) per step: its volume and, where the link is known, its time (in the
+    step above)."""
+    sent = f"{plan.collective} {plan.collective_bytes / GiB:,.1f} GiB sent per GPU per step"
+    if plan.collective_seconds is None:
         return f"{sent}, not priced ({plan.hardware.link_source}): not in the step time"
     rate = plan.hardware.link_gbps * LINK_EFFICIENCY
-    return f"{sent} at {rate:g} GB/s = {plan.all_to_all_seconds:.2f} s of the step"
+    return f"{sent} at {rate:g} GB/s = {plan.collective_seconds:.2f} s of the step"
 
 
 def table(plan: Plan) -> str:
@@ -242,11 +259,13 @@ def table(plan: Plan) -> str:
         ),
         (
             "memory",
-            f"{plan.strategy.label}{f' + Ulysses SP {plan.sp}' if plan.sp > 1 else ''}, activation checkpointing "
+            f"{plan.strategy.label}{f' + Ulysses SP {plan.sp}' if plan.sp > 1 else ''}"
+            f"{f' + AutoTP {plan.tp}' if plan.tp > 1 else ''}, activation checkpointing "
             f"{'on' if plan.checkpointing else 'off'}: {mem.total / GiB:.1f} GiB per GPU of "
             f"{plan.usable_bytes / GiB:.1f} usable (estimator)",
         ),
         *([("sequence", plan.sp_reason)] if plan.sp_reason else []),
+        *([("tensor", plan.tp_reason)] if plan.tp_reason else []),
         (
             "schedule",
             f"{plan.schedule}: peak {plan.peak_lr:.3g} (DeepSeek eta_opt), warmup {_si(schedule['warmup_tokens'])} "
@@ -257,7 +276,7 @@ def table(plan: Plan) -> str:
             f"{plan.step_seconds:.2f} s/step, {_si(plan.tokens_per_second)} tokens/s, wall-clock {plan.hours:.1f} h, "
             f"{plan.gpu_hours:,.0f} GPU-hours",
         ),
-        *([("", _all_to_all(plan))] if plan.sp > 1 else []),
+        *([("", _collective(plan))] if plan.collective else []),
     ]
     from ..evaluation.downstream.budget import plan_row
 
@@ -282,7 +301,8 @@ def table(plan: Plan) -> str:
 def write_plan(
     plan: Plan, out_dir: str | Path = "plan", dataset: str = "DATA_PATH", run_dir: str = "runs/plan"
 ) -> dict[str, Path]:
-    """Write plan.json, model/config.json, accelerate_config.yaml and launch.sh; return their paths."""
+    """Write plan.json, model/config.json, accelerate_config.yaml and launch.sh (and deepspeed_autotp.json with
+    AutoTP); return their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     command = launch_command(plan, str(out_dir), dataset, run_dir)
@@ -292,8 +312,14 @@ def write_plan(
         "accelerate_config": out / "accelerate_config.yaml",
         "launch": out / "launch.sh",
     }
+    deepspeed_file = None
+    if plan.tp > 1:  # the plan's own JSON, beside the rest: the preset stays as shipped
+        files["deepspeed"] = out / "deepspeed_autotp.json"
+        files["deepspeed"].write_text(json.dumps(deepspeed_json(plan), indent=2) + "\n")
+        deepspeed_file = f"{out_dir}/deepspeed_autotp.json"
     head = f"# hf-pretrain plan: from examples/accelerate_configs/{plan.strategy.template}\n"
-    files["accelerate_config"].write_text(head + yaml.safe_dump(accelerate_config(plan), sort_keys=False))
+    config = accelerate_config(plan, deepspeed_file)
+    files["accelerate_config"].write_text(head + yaml.safe_dump(config, sort_keys=False))
     plan.config.save_pretrained(out / "model")
     rank = ' --machine_rank "${MACHINE_RANK:-0}"' if plan.hardware.nodes > 1 else ""
     script = shlex.join(command[:4]) + rank + " " + shlex.join(command[4:])

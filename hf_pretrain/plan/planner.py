@@ -27,16 +27,29 @@ The order of decisions, each from its one home in the package:
    with its reason: `--sharding fsdp2` (Ulysses runs inside DeepSpeed). The launch runs SDPA attention
    (FlashAttention is not checked under SP), whose windows and document boundaries need a dense s x s mask that SP
    does not divide: each windowed layer's mask is priced in the memory, and documents are packed GPT-style
-   (`--separate_documents false`: 16 GiB a row at 128K would buy nothing the planner can weigh). Tensor and context parallelism are not planned: they are not wired
-   into the Trainer yet. SP shares each sequence over `sp` ranks, so a step trains (GPUs / sp) x micro-batch rows.
+   (`--separate_documents false`: 16 GiB a row at 128K would buy nothing the planner can weigh). SP shares each
+   sequence over `sp` ranks, so a step trains (GPUs / sp) x micro-batch rows.
+3c. Tensor parallelism (DeepSpeed AutoTP, `"tensor_parallel": {"autotp_size": tp}`, under ZeRO-1: the stage its
+   tests run; `training/tensor_parallel.py`), only where data sharding and SP hold nothing (`fit_past_data_sharding`):
+   SP divides every activation and keeps ZeRO-3's sharded states, AutoTP only the attention's and MLP's activations
+   and weights (ZeRO-1 shards the optimizer states alone): 8B at 128K with checkpointing needs 25 GiB per GPU
+   under ZeRO-3 + SP 8, 79 under AutoTP 8. AutoTP is for where SP cannot run (a windowed model's dense SDPA masks under SP, heads no SP degree splits). The degree divides the GPUs
+   per node (the all-reduces stay on NVLink); DeepSpeed splits any head count, and degrees that split the heads and
+   KV heads evenly come first; then the cheapest step. Its price: per layer and pass two all-reduces of the hidden
+   states (the row-wise o/down projections' outputs forward, the column-wise layers' input gradients backward), a
+   ring sending 2 (tp - 1) / tp of each per GPU over the node's link, not overlapped; and the untied LM head that
+   every TP rank computes whole. AutoTP against ZeRO-3 over nodes (ZeRO-3's weight gathers cross the network) is
+   not weighed: the planner has no figure for the network between nodes. Context parallelism (torch's ring
+   attention, GPU-only) is not planned. A step trains (GPUs / tp) x micro-batch rows.
 4. The tokens: what the budget pays for at that shape (hours x GPUs x peak x MFU, or FLOPs / FLOPs per token).
 5. The batch and learning rate from DeepSeek LLM's fits in compute; micro-batch x accumulation x GPUs rounded to
    the fit; the schedule positioned in tokens (`training/schedules.py` reads `total_tokens`, `warmup_tokens`;
    warmup 0.8 % of the tokens, at least one optimizer step).
 6. The prediction: tokens/s = GPUs x peak x MFU / (FLOPs per token x cost), cost = 4/3 with checkpointing plus
-   SP's all-to-all time over the compute time (`step_cost`): the bytes each GPU sends over the chip table's link
-   (each way) x `LINK_EFFICIENCY`, not overlapped (the all-to-alls sit between the projections and attention).
-   A chip without a link figure (or `--link-gbps`) gets its all-to-all unpriced, said so, with its volume.
+   SP's all-to-all (or AutoTP's all-reduce) time over the compute time (`step_cost`): the bytes each GPU sends over
+   the chip table's link (each way) x `LINK_EFFICIENCY`, not overlapped (the all-to-alls sit between the
+   projections and attention, the all-reduces between a layer and the next), plus AutoTP's replicated LM head.
+   A chip without a link figure (or `--link-gbps`) gets its collective unpriced, said so, with its volume.
    Then step time, wall-clock, GPU-hours.
 7. The checkpoint interval: Young's rule from one save's stall and the job's time between failures
    (`resilience.py`).
@@ -50,6 +63,7 @@ from dataclasses import dataclass, field
 from ..distributed.memory import BYTES_PER_PARAMETER, GiB, MemoryEstimate, estimate_memory, ulysses_kv_width
 from ..modeling.accounting import SLIDING, attention_widths, count_parameters, flops_per_token
 from ..modeling.configuration import PretrainConfig
+from ..precision.recipes import LOW_PRECISION
 from . import scaling
 from .hardware import LINK_EFFICIENCY, PLANNED_RECIPES, Hardware, PlanRefused, resolve_hardware
 from .resilience import CheckpointPlan, checkpoint_plan, run_resilience
@@ -78,6 +92,10 @@ STRATEGIES = {
     "zero2": Strategy("zero2", "DeepSpeed ZeRO-2", 2, "deepspeed_zero3_8gpu.yaml", "ds_configs/zero2.json"),
     "zero3": Strategy("zero3", "DeepSpeed ZeRO-3", 3, "deepspeed_zero3_8gpu.yaml", "ds_configs/zero3.json"),
     "fsdp2": Strategy("fsdp2", "FSDP2", 3, "fsdp2_8gpu.yaml"),
+    # AutoTP's launch: the plan writes its own copy of the preset with its degree (output.py)
+    "zero1_tp": Strategy(
+        "zero1_tp", "DeepSpeed ZeRO-1", 1, "deepspeed_zero3_8gpu.yaml", "ds_configs/zero1_autotp.json"
+    ),
 }
 
 
@@ -163,30 +181,39 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     sp: int = 1  # Ulysses sequence-parallel degree
     sp_reason: str | None = None  # why SP was chosen, or why not where checkpointing is on, for the plan's text
+    tp: int = 1  # DeepSpeed AutoTP degree
+    tp_reason: str | None = None  # why AutoTP was chosen
 
     @property
     def data_parallel(self) -> int:
-        """Groups that train different rows: the GPUs over the SP degree."""
-        return self.hardware.world // self.sp
+        """Groups that train different rows: the GPUs over the SP (or TP) degree."""
+        return self.hardware.world // (self.sp * self.tp)
 
     @property
-    def all_to_all_bytes(self) -> float:
-        """Bytes one GPU sends in SP's all-to-alls per optimizer step (0 without SP)."""
-        shard_tokens = self.seq_len // self.sp * self.micro_batch * self.grad_accum
-        return all_to_all_per_token(self.config, self.sp, self.hardware.precision, self.checkpointing) * shard_tokens
+    def collective(self) -> str | None:
+        """The collective on the step's critical path: SP's all-to-all, AutoTP's all-reduce, or None."""
+        return "all-to-all" if self.sp > 1 else "all-reduce" if self.tp > 1 else None
 
     @property
-    def all_to_all_seconds(self) -> float | None:
-        """SP's all-to-all time per optimizer step at the link's achievable rate; None when the link is unknown."""
-        if self.sp == 1:
+    def collective_bytes(self) -> float:
+        """Bytes one GPU sends in SP's all-to-alls or AutoTP's all-reduces per optimizer step (0 without either)."""
+        share = self.micro_batch * self.grad_accum * self.seq_len // (self.sp * self.tp)  # the batch's tokens / GPUs
+        precision = self.hardware.precision
+        return collective_per_token(self.config, self.sp, self.tp, precision, self.checkpointing) * share
+
+    @property
+    def collective_seconds(self) -> float | None:
+        """That collective's time per optimizer step at the link's achievable rate; None when the link is unknown."""
+        if self.collective is None:
             return 0.0
         rate = link_rate(self.hardware)
-        return None if rate is None else self.all_to_all_bytes / rate
+        return None if rate is None else self.collective_bytes / rate
 
     @property
     def cost(self) -> float:
-        """Seconds per token over the model FLOPs' seconds at the MFU: the recompute and the priced all-to-all."""
-        return step_cost(self.config, self.seq_len, self.hardware, self.sp, self.checkpointing)
+        """Seconds per token over the model FLOPs' seconds at the MFU: the recompute, the priced collective, and
+        under AutoTP the LM head every TP rank computes whole."""
+        return step_cost(self.config, self.seq_len, self.hardware, self.sp, self.checkpointing, self.tp)
 
     @property
     def parameters(self) -> int:
@@ -244,32 +271,63 @@ def all_to_all_per_token(config, sp: int, precision: str, checkpointing: bool) -
     return element * (2 * q + 2 * k) * (sp - 1) / sp * passes * config.num_hidden_layers
 
 
+def all_reduce_per_token(config, tp: int, precision: str, checkpointing: bool) -> float:
+    """Bytes one GPU sends in AutoTP's all-reduces per token of its micro-batch (which the TP group shares): per layer
+    and pass (forward, backward, the recompute) two all-reduces of the hidden states (forward: after o_proj and
+    down_proj, the row-wise layers; backward: the gradients of the column-wise q/k/v's and gate/up's inputs), a ring
+    sending 2 (tp - 1) / tp of each (0 without TP)."""
+    if tp == 1:
+        return 0.0
+    element = BYTES_PER_PARAMETER[precision][3]
+    passes = 3 if checkpointing else 2
+    return element * config.hidden_size * 2 * passes * config.num_hidden_layers * 2 * (tp - 1) / tp
+
+
+def collective_per_token(config, sp: int, tp: int, precision: str, checkpointing: bool) -> float:
+    """Bytes one GPU sends per token of its share of the batch (the batch's tokens over the GPUs): SP's all-to-all
+    per token of its shard; AutoTP's all-reduce per token of the micro-batch, whose tokens are tp GPUs' share."""
+    return all_to_all_per_token(config, sp, precision, checkpointing) + tp * all_reduce_per_token(
+        config, tp, precision, checkpointing
+    )
+
+
 def link_rate(hw: Hardware) -> float | None:
-    """Bytes per second an all-to-all sends from one GPU: the link each way x `LINK_EFFICIENCY`; None unknown."""
+    """Bytes per second a collective sends from one GPU: the link each way x `LINK_EFFICIENCY`; None unknown."""
     return None if hw.link_gbps is None else hw.link_gbps * 1e9 * LINK_EFFICIENCY
 
 
-def all_to_all_share(config, seq_len: int, hw: Hardware, sp: int, checkpointing: bool) -> float | None:
-    """SP's all-to-all time per token over the model FLOPs' time per token at the MFU (0 without SP; None when the
-    link is unknown). The all-to-alls sit between the projections and attention, on the critical path: not
-    overlapped with compute."""
-    if sp == 1:
+def collective_share(config, seq_len: int, hw: Hardware, sp: int, checkpointing: bool, tp: int = 1) -> float | None:
+    """SP's all-to-all (or AutoTP's all-reduce) time per token over the model FLOPs' time per token at the MFU (0
+    without either; None when the link is unknown). Both sit on the critical path, not overlapped with compute:
+    the all-to-alls between the projections and attention, the all-reduces between a layer's row-wise matmul and
+    the next layer's input."""
+    if sp == 1 and tp == 1:
         return 0.0
     rate = link_rate(hw)
     if rate is None:
         return None
     compute = flops_per_token(config, seq_len) / (hw.peak_tflops * 1e12 * hw.mfu)
-    return all_to_all_per_token(config, sp, hw.precision, checkpointing) / rate / compute
+    return collective_per_token(config, sp, tp, hw.precision, checkpointing) / rate / compute
 
 
-def step_cost(config, seq_len: int, hw: Hardware, sp: int, checkpointing: bool) -> float:
-    """Seconds per token over the model FLOPs' seconds at the MFU: 4/3 with the recompute, plus the all-to-all's
-    share where priced (an unpriced one adds nothing: the plan says so)."""
-    share = all_to_all_share(config, seq_len, hw, sp, checkpointing)
-    return (CHECKPOINTING_COST if checkpointing else 1.0) + (share or 0.0)
+def replicated_head_share(config, seq_len: int, tp: int) -> float:
+    """The model FLOPs AutoTP adds per token over the model's: an untied LM head stays whole on each of the tp
+    ranks (`training/tensor_parallel.py`), so (tp - 1) of them compute its 6 x d x V again; the rest splits."""
+    if tp == 1 or config.tie_word_embeddings:
+        return 0.0
+    return (tp - 1) * 6 * config.hidden_size * config.vocab_size / flops_per_token(config, seq_len)
 
 
-def _estimate(config, strategy: Strategy, hw: Hardware, seq_len: int, micro: int, checkpointing: bool, sp: int = 1):
+def step_cost(config, seq_len: int, hw: Hardware, sp: int, checkpointing: bool, tp: int = 1) -> float:
+    """Seconds per token over the model FLOPs' seconds at the MFU: 4/3 with the recompute, plus the collective's
+    share where priced (an unpriced one adds nothing: the plan says so), plus AutoTP's replicated LM head."""
+    share = collective_share(config, seq_len, hw, sp, checkpointing, tp)
+    return (CHECKPOINTING_COST if checkpointing else 1.0) + (share or 0.0) + replicated_head_share(config, seq_len, tp)
+
+
+def _estimate(
+    config, strategy: Strategy, hw: Hardware, seq_len: int, micro: int, checkpointing: bool, sp: int = 1, tp: int = 1
+):
     """Under SP attention runs on SDPA (FlashAttention is not checked there): each windowed layer reads and
     saves a dense s x s mask, which `sp` does not divide (`training/sequence_parallel.FullSequenceSdpa`)."""
     return estimate_memory(
@@ -283,6 +341,7 @@ def _estimate(config, strategy: Strategy, hw: Hardware, seq_len: int, micro: int
         device_memory_gb=hw.memory_bytes / GiB,
         model="plan",
         sp=sp,
+        tp=tp,
         dense_mask_layers=(config.layer_types or []).count(SLIDING) if sp > 1 else 0,
     )
 
@@ -295,12 +354,12 @@ def candidate_strategies(hw: Hardware, sharding: str) -> list[Strategy]:
 
 
 def largest_micro_batch(
-    config, strategy: Strategy, hw: Hardware, seq_len: int, usable: float, ckpt: bool, sp: int = 1
+    config, strategy: Strategy, hw: Hardware, seq_len: int, usable: float, ckpt: bool, sp: int = 1, tp: int = 1
 ) -> int:
     """The largest power-of-two micro-batch (up to MAX_MICRO_BATCH) within `usable` bytes, 0 when none fits."""
     micro = 0
     for candidate in (2**i for i in range(int(math.log2(MAX_MICRO_BATCH)) + 1)):
-        if _estimate(config, strategy, hw, seq_len, candidate, ckpt, sp).total > usable:
+        if _estimate(config, strategy, hw, seq_len, candidate, ckpt, sp, tp).total > usable:
             break
         micro = candidate
     return micro
@@ -322,6 +381,8 @@ def fit_memory(
 
 
 def _refuse_memory(config, hw: Hardware, request: PlanRequest, usable: float, strategies: list[Strategy], sp: int = 1):
+    """PlanRefused: what the last strategy needs, and the largest model it fits. Over one GPU the advice says that
+    splitting the matmuls needs more GPUs; over several, `fit_past_data_sharding` adds what AutoTP needed."""
     last = strategies[-1]
     need, masks = _estimate(config, last, hw, request.seq_len, 1, True).total, None
     shape_args = dict(
@@ -356,9 +417,10 @@ def _refuse_memory(config, hw: Hardware, request: PlanRequest, usable: float, st
         advice = (
             f"the largest model that fits one step is {n / 1e9:.2f}B parameters ({fitting.num_hidden_layers} x "
             f"{fitting.hidden_size}): pass --params {n:.3g}, add GPUs (--gpus / --nodes), or offload to the CPU "
-            "(ds_configs/zero3_offload.json; the planner does not predict its speed); splitting each layer's "
-            "matmuls over GPUs would need tensor parallelism, which hf_pretrain does not plan yet"
+            "(ds_configs/zero3_offload.json; the planner does not predict its speed)"
         )
+        if hw.world == 1:
+            advice += "; splitting each layer's matmuls (DeepSpeed AutoTP, which the planner tries) needs several GPUs"
     raise PlanRefused(
         f"a {count_parameters(config) / 1e9:.2f}B-parameter model does not fit one training step on {where}: "
         f"with {how} it needs {need / GiB:.1f} GiB per GPU{f' ({masks})' if masks else ''}; {advice}."
@@ -414,9 +476,115 @@ def fit_sequence_parallel(config, request: PlanRequest, hw: Hardware, usable: fl
     return min(fits, key=lambda f: step_cost(config, seq, hw, f[3], f[1]))
 
 
+def tp_blocker(request: PlanRequest, hw: Hardware) -> str | None:
+    """Why this run cannot take DeepSpeed AutoTP (what `training/tensor_parallel.py` refuses, and one GPU per node),
+    or None."""
+    if request.sharding != "deepspeed":
+        return "AutoTP runs inside DeepSpeed: use --sharding deepspeed"
+    if hw.precision in LOW_PRECISION:
+        return f"AutoTP replaces the linears --precision {hw.precision} converts: use --precision bf16"
+    if hw.gpus_per_node == 1:
+        return "one GPU per node, and AutoTP's all-reduces stay within a node"
+    return None
+
+
+def splits_heads(config, tp: int) -> bool:
+    """Whether AutoTP of `tp` gives every rank the same share of the heads and of the key/value heads (DeepSpeed runs
+    any split; an uneven one leaves some ranks more attention, or none of the KV heads)."""
+    kv = config.num_key_value_heads or config.num_attention_heads
+    return not config.num_attention_heads % tp and not kv % tp
+
+
+def tp_degrees(config, hw: Hardware) -> list[int]:
+    """The AutoTP degrees > 1 a run may take: divisors of the GPUs per node (the all-reduces stay within a node),
+    those splitting the heads and key/value heads evenly first, smallest first."""
+    degrees = [tp for tp in range(2, hw.gpus_per_node + 1) if not hw.gpus_per_node % tp]
+    return sorted(degrees, key=lambda tp: (not splits_heads(config, tp), tp))
+
+
+def fit_tensor_parallel(config, request: PlanRequest, hw: Hardware, usable: float) -> tuple[tuple | None, str]:
+    """((ZeRO-1, checkpointing, micro-batch, tp), why) where AutoTP holds the model: per degree without checkpointing
+    if it fits, else with; of those, even head splits first, then the cheapest step where the all-reduce is priced
+    (else the first that fits). (None, why not) otherwise."""
+    blocker = tp_blocker(request, hw)
+    if blocker:
+        return None, f"DeepSpeed AutoTP cannot take it: {blocker}"
+    seq, zero1, fits = request.seq_len, STRATEGIES["zero1_tp"], []
+    degrees = tp_degrees(config, hw)
+    for tp in degrees:
+        for checkpointing in (False, True):
+            micro = largest_micro_batch(config, zero1, hw, seq, usable, checkpointing, tp=tp)
+            if micro:
+                fits.append((zero1, checkpointing, micro, tp))
+                break
+        if fits and link_rate(hw) is None:
+            break
+    if not fits:
+        need = min(_estimate(config, zero1, hw, seq, 1, True, tp=tp).total for tp in degrees)
+        return None, (
+            f"nor does DeepSpeed AutoTP with ZeRO-1 (tensor parallelism {' / '.join(map(str, degrees))} over a "
+            f"node's GPUs): at best {need / GiB:.1f} GiB per GPU, micro-batch 1, full activation checkpointing"
+        )
+    fit = min(fits, key=lambda f: (not splits_heads(config, f[3]), step_cost(config, seq, hw, 1, f[1], f[3])))
+    return fit, tp_reason(config, hw, seq, fit[3], fit[1])
+
+
+def sp_shortfall(config, request: PlanRequest, hw: Hardware) -> str:
+    """Why Ulysses SP holds no step, in a phrase (`fit_sequence_parallel` refuses with the whole of it)."""
+    blocker = sp_blocker(config, request.sharding)
+    degrees = sp_degrees(config, hw, request.seq_len)
+    if blocker or not degrees:
+        return f"Ulysses SP cannot run: {blocker or 'no degree divides the GPUs per node, the heads and the sequence'}"
+    need = _estimate(config, STRATEGIES["zero3"], hw, request.seq_len, 1, True, degrees[-1])
+    masks = f" ({need.attention_mask / GiB:,.1f} of them the windowed layers' dense masks on SDPA)"
+    return f"Ulysses SP {degrees[-1]} needs {need.total / GiB:.1f} GiB per GPU{masks if need.attention_mask else ''}"
+
+
+def tp_reason(config, hw: Hardware, seq_len: int, tp: int, checkpointing: bool) -> str:
+    """Why the plan splits each layer's matmuls: this degree, its heads, and its all-reduce's price."""
+    which = "the cheapest degree" if link_rate(hw) else "the smallest degree"
+    heads = f"the {config.num_attention_heads} heads ({config.num_key_value_heads} KV)"
+    split = f"and {heads}" if splits_heads(config, tp) else f"(not {heads}: DeepSpeed splits them unevenly)"
+    share = collective_share(config, seq_len, hw, 1, checkpointing, tp)
+    price = (
+        f"its all-reduce is not priced ({hw.link_source}; pass --link-gbps)"
+        if share is None
+        else f"its all-reduce costs {share:.1%} of the compute time ({hw.link_gbps:g} GB/s each way, {hw.link_source}, "
+        f"x {LINK_EFFICIENCY:g} reached by NCCL)"
+    )
+    head = replicated_head_share(config, seq_len, tp)
+    return (
+        f"DeepSpeed AutoTP {tp} with ZeRO-1 over the {hw.world // tp} data-parallel groups: {tp} is {which} that fits "
+        f"and divides the {hw.gpus_per_node} GPUs per node {split}; each GPU runs 1/{tp} of every attention and "
+        f"MLP linear; {price}; the LM head stays whole on each TP rank: +{head:.1%} FLOPs"
+    )
+
+
+def fit_past_data_sharding(config, request: PlanRequest, hw: Hardware, usable: float):
+    """(fit, sp, tp, why) for a run no data sharding holds even with checkpointing: Ulysses SP first (it divides
+    every activation, the loss's included, and ZeRO-3 keeps the model states sharded over all GPUs), then AutoTP
+    where SP cannot take it or holds nothing (AutoTP splits only the attention's and MLP's activations and weights,
+    and ZeRO-1 shards only the optimizer states). PlanRefused with both reasons when neither holds it."""
+    try:
+        *fit, sp = fit_sequence_parallel(config, request, hw, usable)
+        return fit, sp, 1, sp_reason(config, hw, request.seq_len, usable, sp, fit[1])
+    except PlanRefused as refused:
+        sp_refusal = str(refused).rstrip(".")
+    fit, why = fit_tensor_parallel(config, request, hw, usable)
+    if fit is None:
+        raise PlanRefused(f"{sp_refusal}; {why}.")
+    *fit, tp = fit
+    zero3 = _estimate(config, STRATEGIES["zero3"], hw, request.seq_len, 1, True).total
+    because = (
+        f"{request.seq_len} tokens need {zero3 / GiB:.1f} GiB per GPU with ZeRO-3 and checkpointing alone (of "
+        f"{usable / GiB:.1f} usable), and {sp_shortfall(config, request, hw)} at micro-batch 1 with checkpointing"
+    )
+    return fit, 1, tp, f"{because}; {why}"
+
+
 def all_to_all_words(config, seq_len: int, hw: Hardware, sp: int, checkpointing: bool) -> str:
     """What SP's all-to-all costs, in words: its share of the compute at the link's rate, or why it is not priced."""
-    share = all_to_all_share(config, seq_len, hw, sp, checkpointing)
+    share = collective_share(config, seq_len, hw, sp, checkpointing)
     if share is None:
         return f"its all-to-all is not priced ({hw.link_source}; pass --link-gbps)"
     return (
@@ -457,14 +625,16 @@ def weigh_sp(config, request: PlanRequest, hw: Hardware, usable: float, fit) -> 
     if hw.nodes > 1:
         return None, (
             f"{recompute}; Ulysses SP without it is not weighed over {hw.nodes} nodes: ZeRO-3's weight gathers, with "
-            "SP's fewer tokens per GPU and micro-step, would cross the network between nodes, not priced here"
+            "SP's fewer tokens per GPU and micro-step, would cross the network between nodes, not priced here; "
+            "nor is DeepSpeed AutoTP with ZeRO-1 weighed against ZeRO-3 (its all-reduces within a node against "
+            "ZeRO-3's gathers across nodes): it is planned only where nothing else fits"
         )
     zero3 = STRATEGIES["zero3"]
     fits = [(sp, m) for sp in degrees if (m := largest_micro_batch(config, zero3, hw, seq, usable, False, sp))]
     if not fits:
         return None, f"{recompute}; no Ulysses SP degree of {hw.gpus_per_node} GPUs holds it without checkpointing"
     sp, micro = min(fits, key=lambda f: step_cost(config, seq, hw, f[0], False))
-    share = all_to_all_share(config, seq, hw, sp, False)
+    share = collective_share(config, seq, hw, sp, False)
     words = all_to_all_words(config, seq, hw, sp, False)
     if share is None or 1 + share >= CHECKPOINTING_COST:
         return None, f"{recompute}; Ulysses SP {sp} (ZeRO-3) would hold it without, but {words}"
@@ -567,10 +737,10 @@ def make_plan(request: PlanRequest) -> Plan:
     config, budget = choose_model(request, hw)
     seq = request.seq_len
     usable = int(hw.memory_bytes * (1 - request.margin))
-    fit, sp, resized, why = _fit(config, request, hw, budget, usable), 1, None, None
-    if fit is None and hw.world > 1:  # the sequence: shared over GPUs of a node
-        *fit, sp = fit_sequence_parallel(config, request, hw, usable)
-        why = sp_reason(config, hw, seq, usable, sp, fit[1])
+    fit, sp, tp, resized, why, tp_why = _fit(config, request, hw, budget, usable), 1, 1, None, None, None
+    if fit is None and hw.world > 1:  # the sequence shared over GPUs of a node, else each layer's matmuls
+        fit, sp, tp, why = fit_past_data_sharding(config, request, hw, usable)
+        why, tp_why = (why, None) if tp == 1 else (None, why)
     elif fit is None:
         _refuse_memory(config, hw, request, usable, candidate_strategies(hw, request.sharding))
     elif fit[1]:  # checkpointing, or SP without it where its all-to-all costs less
@@ -582,8 +752,8 @@ def make_plan(request: PlanRequest) -> Plan:
             *fit, sp = chosen
     strategy, checkpointing, max_micro = fit
     fpt = flops_per_token(config, seq)
-    tokens = budget_tokens(budget, fpt, step_cost(config, seq, hw, sp, checkpointing))
-    groups = hw.world // sp  # data-parallel groups: each trains its own rows
+    tokens = budget_tokens(budget, fpt, step_cost(config, seq, hw, sp, checkpointing, tp))
+    groups = hw.world // (sp * tp)  # data-parallel groups: each trains its own rows
     compute, batch_opt, per_gpu = sequences_per_gpu(config, tokens, seq, groups)
     micro = 2 ** int(math.log2(min(max_micro, per_gpu)))
     accum = max(1, round(per_gpu / micro))
@@ -611,7 +781,7 @@ def make_plan(request: PlanRequest) -> Plan:
         micro_batch=micro,
         grad_accum=accum,
         steps=steps,
-        memory=_estimate(config, strategy, hw, seq, micro, checkpointing, sp),
+        memory=_estimate(config, strategy, hw, seq, micro, checkpointing, sp, tp),
         usable_bytes=usable,
         batch_opt_tokens=batch_opt,
         peak_lr=peak_lr,
@@ -621,6 +791,8 @@ def make_plan(request: PlanRequest) -> Plan:
         budget=budget,
         sp=sp,
         sp_reason=why,
+        tp=tp,
+        tp_reason=tp_why,
     )
     state = plan.memory.parameters + plan.memory.optimizer_states  # what one rank's checkpoint stages
     measured = run_resilience(request.goodput_from) if request.goodput_from else None
@@ -678,10 +850,15 @@ def warnings_for(plan: Plan) -> list[str]:
         )
     if plan.checkpointing:
         out.append("activation checkpointing is on: each step recomputes the forward (4/3 of the FLOPs)")
+    if plan.tp > 1 and plan.collective_seconds is None:
+        out.append(
+            f"AutoTP's all-reduce ({plan.collective_bytes / GiB:,.1f} GiB sent per GPU per step) is not in the "
+            f"predicted tokens/s: {plan.hardware.link_source} (pass --link-gbps)"
+        )
     if plan.sp > 1:
-        if plan.all_to_all_seconds is None:
+        if plan.collective_seconds is None:
             out.append(
-                f"SP's all-to-all ({plan.all_to_all_bytes / GiB:,.1f} GiB sent per GPU per step) is not in the "
+                f"SP's all-to-all ({plan.collective_bytes / GiB:,.1f} GiB sent per GPU per step) is not in the "
                 f"predicted tokens/s: {plan.hardware.link_source} (pass --link-gbps)"
             )
         out.append(

@@ -372,6 +372,31 @@ def test_the_sp_plan_launch_passes(tmp_path, monkeypatch):
 @EXHAUSTIVE
 @pytest.mark.slow
 @pytest.mark.distributed
+def test_the_tp_plan_launch_passes(tmp_path, monkeypatch):
+    """hf-pretrain plan's AutoTP launch (6B with SSSL windows at 128K tokens on 8 H100s: AutoTP 4 under ZeRO-1, its
+    own DeepSpeed JSON in the plan folder), rehearsed with AutoTP shrunk to the 2 ranks."""
+    from hf_pretrain.plan import PlanRequest, make_plan, write_plan
+
+    request = PlanRequest("h100", gpus=8, params=6e9, tokens=120e9, seq_len=131072, window_pattern="SSSL",
+                          sliding_window=4096)  # fmt: skip
+    plan = make_plan(request)
+    assert plan.tp == 4
+    files = write_plan(plan, tmp_path / "plan")
+    args = read_launch_file(files["launch"])
+    args = args[args.index("examples/pretrain.py") + 1 :]
+    drop = args.index("--dataset_path")
+    del args[drop : drop + 2]  # the embedded corpus
+    result, checks = rehearsal(tmp_path / "out", monkeypatch, files["accelerate_config"], "examples/pretrain.py", *args)
+    assert result.passed, "\n".join(f"{c.name}: {c.status}: {c.detail} {c.fix}" for c in checks.values())
+    assert result.topology.tp == 2 and result.topology.deepspeed_file == files["deepspeed"]
+    assert "tensor parallelism 4 (AutoTP) rehearsed as 2 (2 processes)" in result.topology.notes
+    assert "each TP group trained the same rows" in checks["data sharding"].detail
+    assert "max |difference| 0.0e+00" in checks["resume exactness"].detail
+
+
+@EXHAUSTIVE
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_the_tp_launch_passes(tmp_path, monkeypatch):
     """cpu_2proc_tp.yaml (DeepSpeed AutoTP 2 under ZeRO-1): the TP group trains the same rows, which the data-sharding
     check reads as one data-parallel group, not as a fault."""
