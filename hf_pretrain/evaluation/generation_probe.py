@@ -7,7 +7,9 @@ gradients, under `high_precision`, prints one line per prompt on rank 0, scores 
 pairs with `exact_match` (the completion's first line, case and surrounding punctuation ignored, starts with the
 expected words), and asks the Trainer to log at that step on every rank (the decision is the step number, so all
 ranks take the same collectives). With DDP only rank 0 generates, on the unwrapped model (no collective, no
-deadlock); under FSDP or ZeRO-3 every rank generates in lockstep (`synced_gpus=True`). Plain `Trainer` does not
+deadlock); under FSDP or ZeRO-3 every rank generates in lockstep (`synced_gpus=True`), and so under DeepSpeed
+AutoTP (`tensor_parallel_size`): a rank holds part of every split linear, whose row-wise half all-reduces over the TP group in
+each forward (rank 0 generating alone waited there for ranks gone on to the next step's collectives: a hang). Plain `Trainer` does not
 call `metrics_for_log`: there the probe only prints.
 
 Logs (at the probe's step, rank 0):
@@ -103,6 +105,15 @@ def is_sharded(model, args) -> bool:
         return False
 
 
+def tensor_parallel_size(model) -> int:
+    """How many ranks each split linear of `model` spans: DeepSpeed AutoTP's layers carry `tp_world_size`,
+    transformers' `tp_plan` models `_tp_size`; 1 for a whole model. Read off the model, not the arguments: an
+    accelerate-config launch leaves `args.hf_deepspeed_config` unset (and the Trainer's `get_tp_size()` at 1)."""
+    sizes = [getattr(model, "_tp_size", None) or 1]
+    sizes += [m.tp_world_size for m in model.modules() if isinstance(getattr(m, "tp_world_size", None), int)]
+    return max(sizes)
+
+
 class GenerationProbeCallback(PretrainCallback):
     """Greedy completions of `prompts` every `every_n_steps` steps (see the module docstring).
 
@@ -178,15 +189,15 @@ class GenerationProbeCallback(PretrainCallback):
             return
         self._last_step = state.global_step
         control.should_log = True  # every rank: the probe's results get a log at this very step
-        main, sharded = state.is_world_process_zero, is_sharded(model, args)
-        if not main and not sharded:
+        main, lockstep = state.is_world_process_zero, is_sharded(model, args) or tensor_parallel_size(model) > 1
+        if not main and not lockstep:
             return  # DDP / one process: rank 0 generates alone, on the unwrapped model
         tokenizer = self.tokenizer or processing_class
         if tokenizer is None:
             raise ValueError(
                 "GenerationProbeCallback needs a tokenizer: pass tokenizer= or processing_class to the Trainer."
             )
-        results = self.probe(model, tokenizer, state.global_step, synced_gpus=sharded and args.world_size > 1)
+        results = self.probe(model, tokenizer, state.global_step, synced_gpus=lockstep and args.world_size > 1)
         if main:
             self._report(results)
 

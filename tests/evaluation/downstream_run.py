@@ -4,7 +4,7 @@ evaluations' checks under sharded weights).
 
 Usage: downstream_run.py OUTPUT_DIR [DEEPSPEED_CONFIG]
 Writes OUTPUT_DIR/rank-<r>.json: the figures this rank ended with, its evaluation forwards, its share of the batches
-(and of each task's requests),
+(and of each task's requests; under AutoTP its TP group's share), the TP degree,
 whether the weights were sharded, the probe's `generate` calls (their `synced_gpus`) and the steps it logged; saves the full model to OUTPUT_DIR/model.
 """
 
@@ -16,7 +16,7 @@ from transformers import default_data_collator
 
 from hf_pretrain import PretrainTrainer
 from hf_pretrain.evaluation.downstream.callback import DownstreamEvalCallback
-from hf_pretrain.evaluation.generation_probe import GenerationProbeCallback, is_sharded
+from hf_pretrain.evaluation.generation_probe import GenerationProbeCallback, is_sharded, tensor_parallel_size
 from tests.conftest import quick_args
 from tests.evaluation.downstream_models import bpe_tokenizer, tiny_model, training_rows
 
@@ -54,12 +54,15 @@ def main(out: str, deepspeed: str | None = None) -> None:
     )
     trainer.train()
     batches = suite.evaluator.batches(trainer.model)
+    tp = tensor_parallel_size(trainer.model)  # AutoTP: the batches are shared out by TP group (data rank = rank // tp)
+    group, groups = args.process_index // tp, args.world_size // tp
     record = {
         "figures": suite.last.tasks,
         "forwards": len(forwards),
-        "batches": len(batches[args.process_index :: args.world_size]),
+        "batches": len(batches[group::groups]),
         "all_batches": len(batches),
-        "requests": sum(suite.evaluator._batch_tasks[args.process_index :: args.world_size], Counter()),
+        "requests": sum(suite.evaluator._batch_tasks[group::groups], Counter()),
+        "tp": tp,
         "sharded": is_sharded(trainer.model, args),
         "generate_calls": generate_calls,
         "probed_steps": [h["step"] for h in trainer.state.log_history if "probe_0" in h],

@@ -310,3 +310,29 @@ def test_two_ranks_under_ddp_and_fsdp2(tmp_path, config):
     ranks = launch(tmp_path, str(ROOT / "examples/accelerate_configs" / config))
     assert ranks[0]["sharded"] is (config != "cpu_2proc.yaml")
     assert_sharded_and_equal_to_one_process(tmp_path, ranks)
+
+
+@pytest.mark.distributed
+def test_two_ranks_under_autotp_score_together_as_one_process(tmp_path):
+    """DeepSpeed AutoTP of 2 (ZeRO-1): each rank holds half of every attention and MLP linear and the row-wise ones
+    all-reduce over the pair in every forward, so both ranks score every batch together (one TP group: the whole
+    suite), the group's first rank alone adds the log-likelihoods. The figures are one process's on the saved model:
+    the accuracies exactly (a choice flips only on a near-tie) and bits per byte within 1e-6 (the same fp32 math with
+    two partial sums per row-wise matmul; measured 8e-9). Sharded by rank, the two ranks ran different batches in one
+    forward: the all-reduce summed two examples' activations, then stopped on a size mismatch (gloo: "Received data
+    size doesn't match expected size"). The generation probe runs on both ranks in lockstep (rank 0 alone hung in
+    the first all-reduce)."""
+    ranks = launch(tmp_path, str(ROOT / "examples/accelerate_configs/cpu_2proc_tp.yaml"))
+    assert [r["tp"] for r in ranks] == [2, 2] and not ranks[0]["sharded"]
+    assert ranks[0]["figures"] == ranks[1]["figures"]
+    assert ranks[0]["batches"] == ranks[1]["batches"] == ranks[0]["all_batches"] == ranks[0]["forwards"] > 1
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32)
+    alone = DownstreamEvaluator(AutoTokenizer.from_pretrained(tmp_path / "model"), TASKS, limit=24).evaluate(model)
+    for task, figures in alone.tasks.items():
+        for m in ("acc", "acc_norm", "acc_per_token"):
+            assert ranks[0]["figures"][task][m] == figures[m], (task, m)
+        assert ranks[0]["figures"][task]["bpb"] == pytest.approx(figures["bpb"], abs=1e-6)
+    assert ranks[0]["generate_calls"] == ranks[1]["generate_calls"] == [True] * 2 * 2
+    assert ranks[0]["probed_steps"] == [1, 2] and ranks[1]["probed_steps"] == []

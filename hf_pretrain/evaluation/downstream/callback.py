@@ -3,7 +3,8 @@
 The suite (`DownstreamEvaluator`: tasks, a fixed seeded subset of `examples` a task, `shots`) is
 prepared once at `on_train_begin` on every rank; every `every_n_steps` steps, and at the last step
 with `at_end`, `on_step_end` scores it on the model the Trainer hands its callbacks (all ranks
-together: requests sharded, log-likelihoods summed, a ZeRO-3 / FSDP forward on each rank's share),
+together: requests sharded, log-likelihoods summed, a ZeRO-3 / FSDP forward on each rank's share; under DeepSpeed
+AutoTP sharded by TP group, whose ranks run each forward together),
 under the Trainer's autocast (as `evaluate()`), asks for a log at that step (`should_log` on every
 rank) and prints on rank 0:
 

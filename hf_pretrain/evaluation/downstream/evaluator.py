@@ -13,6 +13,15 @@ the parameters are sharded (DeepSpeed ZeRO-3, FSDP) each forward gathers them la
 every rank must run as many forwards as the others: a rank with one batch fewer runs one
 single-token forward more. No rank ever holds the full weights for it.
 
+Tensor parallelism (`tp_size`, read off the model by default: `generation_probe.tensor_parallel_size`, DeepSpeed
+AutoTP's layers carry their group's size): each rank holds part of every split linear and the row-wise ones all-reduce their partial sums over the TP group inside each
+forward, so the ranks of a group must run the same batch together. The unit of sharding is then the group (the
+training loader's rule: data rank = rank // tp_size, consecutive ranks form a group): every `world / tp_size`-th
+batch for each group, scored by all its ranks, and only the group's first rank adds the log-likelihoods to the sum;
+every rank adds its count, so the check becomes "a request is scored by exactly one group, all `tp_size` ranks of
+it". Sharding by rank instead ran two different batches in one forward: the all-reduce summed activations of two
+examples (wrong figures when the shapes match) or stopped on a size mismatch.
+
 Preparation is long work too (the full hellaswag, arc_easy and piqa: 46,125 requests, 10-25 s of encoding on
 a 2-core CPU): requests are encoded in chunks of `ENCODE_CHUNK`, and rank 0 prints, every `progress_s`, how many
 are encoded, per task, and a closing line (only if it printed one before, as below).
@@ -38,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from ... import precision
+from ..generation_probe import tensor_parallel_size
 from .requests import Encoded, Encoder, Row, batches_of, max_length_of, requests_of, rows_of, segments_of, too_long
 from .scoring import ExampleResult, centered_mean, score_example, task_figures
 from .tasks import TaskSet, build_examples, resolve_tasks
@@ -213,20 +223,29 @@ class DownstreamEvaluator:
         autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
         keep_examples: bool = False,
         progress_s: float | None = PROGRESS_S,
+        tp_size: int | None = None,
     ) -> DownstreamResult:
         """Score every task on `model` (all ranks call it together when a process group is up); rank 0 prints its
-        progress at most every `progress_s` seconds (None: never)."""
+        progress at most every `progress_s` seconds (None: never). `tp_size`: the ranks each split linear spans
+        (None: read off the model); the ranks of a TP group score the same batches together (module docstring)."""
         start = time.perf_counter()
         device = torch.device(device) if device is not None else _device_of(model)
         batches = self.batches(model, device)
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-        mine = batches[rank::world]
-        shares = self._batch_tasks[rank::world]
+        tp_size = tp_size or tensor_parallel_size(model)
+        check_tp_groups(model, tp_size, rank, world)
+        group, groups = rank // tp_size, world // tp_size  # the TP group: its ranks run each forward together
+        adds = rank % tp_size == 0  # the group's first rank adds its log-likelihoods; every rank counts
+        mine = batches[group::groups]
+        shares = self._batch_tasks[group::groups]
+        share_of = f"{groups} TP groups" if tp_size > 1 else f"{groups} ranks"
         progress = (
-            Progress(self.sets, shares, mine, progress_s, world) if rank == 0 and progress_s is not None else None
+            Progress(self.sets, shares, mine, progress_s, groups, share_of)
+            if rank == 0 and progress_s is not None
+            else None
         )
-        forwards = -(-len(batches) // world)  # every rank's number of forwards when the weights are sharded
+        forwards = -(-len(batches) // groups)  # every rank's number of forwards when the weights are sharded
         sums = torch.zeros(len(self.encoded), dtype=torch.float64, device=device)
         counts = torch.zeros(len(self.encoded), dtype=torch.float64, device=device)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -236,7 +255,8 @@ class DownstreamEvaluator:
             with precision.high_precision(model), torch.no_grad(), autocast():
                 for batch, tasks in zip(mine, shares):
                     numbers, values = score_batch(model, batch, device, pad, self.pack)
-                    sums.index_add_(0, numbers, values)
+                    if adds:
+                        sums.index_add_(0, numbers, values)
                     counts.index_add_(0, numbers, torch.ones_like(values))
                     if progress is not None:
                         progress.update(tasks, batch)
@@ -249,12 +269,16 @@ class DownstreamEvaluator:
         if distributed:
             dist.all_reduce(sums)
             dist.all_reduce(counts)
-        expected = torch.tensor(
-            [float((e.request.task, e.request.example) not in self.skipped) for e in self.encoded], device=device
-        ).double()
+        expected = (
+            torch.tensor(
+                [float((e.request.task, e.request.example) not in self.skipped) for e in self.encoded], device=device
+            ).double()
+            * tp_size
+        )
         if not torch.equal(counts, expected):
             raise RuntimeError(
-                f"downstream evaluation: {int((counts != expected).sum())} requests scored 0 or 2+ times."
+                f"downstream evaluation: {int((counts != expected).sum())} requests not scored by exactly one "
+                f"{'TP group' if tp_size > 1 else 'rank'}."
             )
         return self._result(sums.tolist(), time.perf_counter() - start, keep_examples)
 
@@ -281,13 +305,19 @@ class Progress:
     """Requests scored of one rank's share, per task: a line at most every `every_s` seconds, and when done."""
 
     def __init__(
-        self, sets: list[TaskSet], shares: list[Counter], batches: list[list[Row]], every_s: float, world: int
+        self,
+        sets: list[TaskSet],
+        shares: list[Counter],
+        batches: list[list[Row]],
+        every_s: float,
+        world: int,
+        share_of: str = "",
     ):
         self.names = [s.task.name for s in sets]
         self.total = sum(shares, Counter())
         self.done: Counter = Counter()
         self.tokens, self.tokens_done = sum(map(_cost, batches)), 0
-        self.every_s, self.world = every_s, world
+        self.every_s, self.world, self.share_of = every_s, world, share_of or f"{world} ranks"
         self.start = self.last = time.perf_counter()
         self.printed = False
 
@@ -312,11 +342,24 @@ class Progress:
         tasks = " | ".join(f"{n} {self.done[n]:,}/{self.total[n]:,}" for n in self.names if self.total[n])
         left = elapsed * (self.tokens - self.tokens_done) / self.tokens_done if self.tokens_done else None
         when = f"done in {tqdm.format_interval(elapsed)}" if final else f"{tqdm.format_interval(left or 0)} left"
-        share = f" (rank 0's share of {self.world} ranks)" if self.world > 1 else ""
+        share = f" (rank 0's share of {self.share_of})" if self.world > 1 else ""
         print(
             f"[downstream] {done:,}/{total:,} requests{share} ({100 * done / max(total, 1):.0f}%): {tasks}; "
             f"{rate:,.1f} requests/s, {when}",
             flush=True,
+        )
+
+
+def check_tp_groups(model, tp_size: int, rank: int, world: int) -> None:
+    """The TP groups are consecutive ranks (the training loader's rule, data rank = rank // tp_size), as each of
+    DeepSpeed's split layers says (`tp_index`, its rank in the group); otherwise scoring by group would be wrong."""
+    if tp_size < 1 or world % tp_size:
+        raise ValueError(f"tp_size={tp_size}: it must divide the {world} processes (the run's TP degree).")
+    indices = {m.tp_index for m in model.modules() if isinstance(getattr(m, "tp_index", None), int)}
+    if tp_size > 1 and indices and indices != {rank % tp_size}:
+        raise RuntimeError(
+            f"downstream evaluation: rank {rank} holds TP shard(s) {sorted(indices)}, not {rank % tp_size}: the TP "
+            f"groups are not consecutive ranks, so the batches cannot be shared out by group (rank // {tp_size})."
         )
 
 
