@@ -14,8 +14,8 @@ every rank must run as many forwards as the others: a rank with one batch fewer 
 single-token forward more. No rank ever holds the full weights for it.
 
 Tensor parallelism (`tp_size`, read off the model by default: `generation_probe.tensor_parallel_size`, DeepSpeed
-AutoTP's layers carry their group's size): each rank holds part of every split linear and the row-wise ones all-reduce their partial sums over the TP group inside each
-forward, so the ranks of a group must run the same batch together. The unit of sharding is then the group (the
+AutoTP's layers carry their group's size): each rank holds part of every split linear and the row-wise ones
+all-reduce their partial sums over the TP group inside each forward, so the ranks of a group must run the same batch together. The unit of sharding is then the group (the
 training loader's rule: data rank = rank // tp_size, consecutive ranks form a group): every `world / tp_size`-th
 batch for each group, scored by all its ranks, and only the group's first rank adds the log-likelihoods to the sum;
 every rank adds its count, so the check becomes "a request is scored by exactly one group, all `tp_size` ranks of
