@@ -108,7 +108,8 @@ def is_sharded(model, args) -> bool:
 def tensor_parallel_size(model) -> int:
     """How many ranks each split linear of `model` spans: DeepSpeed AutoTP's layers carry `tp_world_size`,
     transformers' `tp_plan` models `_tp_size`; 1 for a whole model. Read off the model, not the arguments: an
-    accelerate-config launch leaves `args.hf_deepspeed_config` unset (and the Trainer's `get_tp_size()` at 1)."""
+    accelerate-config launch leaves `args.hf_deepspeed_config` without it (transformers' `Trainer.get_tp_size()` then
+    says 1; `PretrainTrainer`'s reads the DeepSpeed config), and a callback may serve either trainer."""
     sizes = [getattr(model, "_tp_size", None) or 1]
     sizes += [m.tp_world_size for m in model.modules() if isinstance(getattr(m, "tp_world_size", None), int)]
     return max(sizes)

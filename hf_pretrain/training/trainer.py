@@ -58,6 +58,7 @@ from .resume.store import read_run_state, save_into_place
 from .schedules import build_schedule
 from .sequence_parallel import check_attention_plan, check_trainer, training_batches
 from .tensor_parallel import check_trainer as check_tensor_parallel
+from .tensor_parallel import tensor_parallel_size
 from .tokens import TokenCounter
 from .wiring import (
     attention_preflight_for,
@@ -109,6 +110,11 @@ class PretrainTrainer(TrainerPrivateOverrides):
         check_trainer(self)  # sequence_parallel.py: refusals, DeepSpeed's comm on this group, the SP kernel
         if (warning := workers_start_warning(self.args)) and self.args.process_index == 0:
             logger.warning(warning)  # the same for every rank: said once
+
+    def get_tp_size(self) -> int:
+        """transformers' reads AutoTP off `args.hf_deepspeed_config`, which an accelerate-config launch leaves without
+        it (1 for cpu_2proc_tp.yaml's 2); the DeepSpeed config accelerate runs says it in both launches."""
+        return max(super().get_tp_size(), tensor_parallel_size(self))
 
     def tokens_seen(self, state=None) -> int:
         """Real tokens of all ranks so far (see `tokens.py`)."""

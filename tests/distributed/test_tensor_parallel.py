@@ -82,6 +82,7 @@ def test_tp2_launch_config_trains_alike_and_resumes_exactly(tmp_path, single):
     config = ["--config_file", str(CONFIGS / "cpu_2proc_tp.yaml"), "--main_process_port", str(free_port())]
     finish(launch(*config, out=whole, per_device=8, extra=["-", "3", "--own_token_count"]))  # saves at 3 and 6
     records = ranks(whole)
+    assert [r["ranks_per_row"] for r in records] == [2, 2]  # the Trainer reads AutoTP from the launch config too
     assert_split_in_two(records)
     assert_follows(records, single)
     assert_counts_each_token_once(records, single)
