@@ -38,6 +38,13 @@ What is added here, each found by running 2 gloo ranks against one process (test
    1e-6 and gradient norms within 1.4e-6 of one process over 6 steps (docs/distributed.md).
 4. The memory preflight prices each rank's share (`wiring.py` passes `tensor_parallel_size` as the estimator's
    `tp`: distributed/memory.py, measured by benchmarks/tensor_parallel.py).
+5. `evaluate()` gathers each TP group's outputs once (`gathered_once_per_group`, set around the Trainer's evaluation
+   loop). Its `gather_function`, accelerate's `gather_for_metrics`, gathers every rank's losses and per-sequence
+   statistics, so each full batch counted once per TP rank, while the last is trimmed to the remainder of one data
+   rank: on 13 rows in batches of 8, eval_loss (16a + 5b) / 21 = 5.97072 for the one process's (8a + 5b) / 13 =
+   5.97230. The gathered tensors are the ranks' in rank order, a group `tp` consecutive ranks: every tp-th rank's
+   share is kept, then trimmed as accelerate does. Only tensors (the model's, `preprocess_logits_for_metrics`'):
+   objects (`eval_use_gather_object`) are refused in one line at the first gather.
 GPUs/NCCL: nothing here depends on the backend. accelerate's `init_device_mesh("cuda", (tp,))` puts the TP group on
 NCCL and DeepSpeed's all-reduces run there; the ranks of a TP group should share a node (NVLink), which the
 consecutive ranks of a launch are. FlashAttention runs per head on the rank's heads and its variable-length
@@ -45,6 +52,12 @@ arguments are per sequence, so TP does not touch them, but that is not checked h
 """
 
 from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+from accelerate.utils import recursively_apply
 
 from ..precision.recipes import LOW_PRECISION
 
@@ -65,6 +78,41 @@ def counts_tokens(trainer) -> bool:
     """Whether this rank's batch counts toward the tokens seen: the first rank of its TP group (the group shares the
     batch; accelerate's loader gives data rank process_index // tp)."""
     return trainer.args.process_index % tensor_parallel_size(trainer) == 0
+
+
+@contextlib.contextmanager
+def gathered_once_per_group(trainer):
+    """Within it, the evaluation loop gathers each TP group's outputs once (module docstring, 5.); the loop resets
+    `gather_function` itself when done, and this puts back what was there."""
+    tp = tensor_parallel_size(trainer)
+    if tp <= 1:
+        yield
+        return
+    before = trainer.gather_function
+    trainer.gather_function = functools.partial(gather_once_per_group, trainer.accelerator, tp)
+    try:
+        yield
+    finally:
+        trainer.gather_function = before
+
+
+def gather_once_per_group(accelerator, tp: int, data):
+    """`accelerator.gather_for_metrics(data)` keeping the first TP rank's copy of each group's batch: the gathered
+    tensors are the ranks' in rank order and a group is `tp` consecutive ranks. Then the last batch is trimmed to the
+    evaluation set's remainder, as `gather_for_metrics` does."""
+    try:
+        recursively_apply(lambda x: x, data, error_on_other_type=True)
+    except TypeError as error:
+        raise TypeError(
+            f"tensor_parallel.autotp_size={tp}: evaluate() gathers tensors only under AutoTP ({error}); "
+            "return tensors from the model and preprocess_logits_for_metrics, and leave eval_use_gather_object off"
+        ) from None
+    world = accelerator.num_processes
+    data = recursively_apply(lambda t: torch.cat(t.chunk(world)[::tp]), accelerator.gather(data))
+    state = accelerator.gradient_state
+    if state.end_of_dataloader and state.remainder > 0:
+        data = recursively_apply(lambda t: t[: state.remainder], data)
+    return data
 
 
 def check_trainer(trainer) -> None:

@@ -18,7 +18,8 @@ differences). It adds, each in its own room:
 - resume (`resume/`): exact, fast resume of samplers and streams (`data_position.py`); checkpoints checked
   before a resume and written atomically (`checkpointing.py`);
 - DeepSpeed Ulysses sequence parallelism (`sequence_parallel.py`): what breaks refused, the rest wired;
-- DeepSpeed AutoTP tensor parallelism (`tensor_parallel.py`): tokens counted once per TP group, what breaks refused;
+- DeepSpeed AutoTP tensor parallelism (`tensor_parallel.py`): tokens and `evaluate()`'s outputs counted once per TP
+  group, what breaks refused;
 - FSDP2 (`fsdp.py`): on CPU ranks too, and `save_model()` writes the full weights under sharded state dicts;
 - the processes (`processes.py`): a launch that lost its ranks is refused, one DeepSpeed process
   needs no launcher, the process group is left before exit, risky DataLoader workers of a rank are warned of;
@@ -58,7 +59,7 @@ from .resume.store import read_run_state, save_into_place
 from .schedules import build_schedule
 from .sequence_parallel import check_attention_plan, check_trainer, training_batches
 from .tensor_parallel import check_trainer as check_tensor_parallel
-from .tensor_parallel import tensor_parallel_size
+from .tensor_parallel import gathered_once_per_group, tensor_parallel_size
 from .tokens import TokenCounter
 from .wiring import (
     attention_preflight_for,
@@ -277,3 +278,9 @@ class PretrainTrainer(TrainerPrivateOverrides):
     def predict(self, *args, **kwargs):
         with high_precision(self.model):
             return super().predict(*args, **kwargs)
+
+    def evaluation_loop(self, *args, **kwargs):
+        if not self.extras:
+            return super().evaluation_loop(*args, **kwargs)
+        with gathered_once_per_group(self):  # tensor_parallel.py: a TP group's outputs gathered once
+            return super().evaluation_loop(*args, **kwargs)

@@ -11,8 +11,9 @@ from tests.distributed.test_distributed import ENV, ROOT, SCRIPT, finish, ranks
 @pytest.fixture(scope="session")
 def single(tmp_path_factory):
     """One process, the whole global batch of 8 per step; then the same steps with windows and packed documents
-    (`windows_documents`, dist_run.py's second run, in the same process: seconds, not a second start-up)."""
+    (`windows_documents`, dist_run.py's second run, in the same process: seconds, not a second start-up), and the
+    Trainer's `evaluate()` of 13 rows (`--evaluate`)."""
     out = tmp_path_factory.mktemp("single")
-    command = [sys.executable, str(SCRIPT), str(out), "8", "--windows_documents"]
+    command = [sys.executable, str(SCRIPT), str(out), "8", "--windows_documents", "--evaluate"]
     finish(subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE))
     return {**ranks(out)[0], "windows_documents": ranks(out / "windows_documents")[0]}

@@ -1,7 +1,7 @@
 """Launched by test_distributed.py (under `accelerate launch` or alone): a short run of the tiny preset.
 
 Usage: python tests/distributed/dist_run.py OUTPUT_DIR PER_DEVICE_BATCH [DEEPSPEED_CONFIG|-] [SAVE_STEPS] [resume]
-       [--optim NAME] [--gradient_checkpointing] [--sp N] [--own_token_count] [--windows_documents]
+       [--optim NAME] [--gradient_checkpointing] [--sp N] [--own_token_count] [--windows_documents] [--evaluate]
 Writes OUTPUT_DIR/rank-<r>.json: the per-step losses, a checksum of every parameter (gathered under
 ZeRO-3 and FSDP2), the tokens seen and what the throughput callback would price a token at, the memory
 preflight's estimate, the rank's parameter count and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model. The
@@ -9,6 +9,8 @@ accelerate config picks DDP or FSDP2 (cpu_2proc.yaml, cpu_2proc_fsdp2.yaml). `--
 by `TokenCounter` (include_num_input_tokens_seen="no") instead of the Trainer's counter. `--windows_documents`:
 then, in the same processes (a second launch would cost its start-up again), the same steps with sliding windows,
 packed documents and MoE layers (`windows_documents`), recorded in OUTPUT_DIR/windows_documents/rank-<r>.json.
+`--evaluate`: then the Trainer's `evaluate()` of `EVAL_ROWS` rows in batches of 8 (a full batch and a remainder),
+its metrics recorded as "eval".
 """
 
 import hashlib
@@ -28,6 +30,7 @@ from hf_pretrain.telemetry.throughput import sequence_length
 from tests.conftest import quick_args
 
 STEPS, GLOBAL_BATCH, SEQ = 6, 8, 32
+EVAL_ROWS = 13  # --evaluate: a full batch of 8 and a remainder of 5
 EOS = 2  # windows_documents: a document ends at every token divisible by 7, ~4.6 documents a row
 
 
@@ -79,6 +82,7 @@ def arguments(output_dir, per_device: int, deepspeed: str | None, sp: int, **ove
         output_dir,
         max_steps=STEPS,
         per_device_train_batch_size=per_device,
+        per_device_eval_batch_size=8,  # --evaluate: EVAL_ROWS = 8 + 5
         learning_rate=3e-3,
         measure_peak_tflops=False,
         telemetry=False,
@@ -101,6 +105,7 @@ def main(
     own_token_count: bool = False,
     also_windows_documents: bool = False,
     as_sp_groups: str | None = None,
+    evaluate: bool = False,
 ):
     torch.manual_seed(0)
     data = torch.randint(3, 500, (GLOBAL_BATCH * STEPS, SEQ), generator=torch.Generator().manual_seed(1))
@@ -149,6 +154,8 @@ def main(
         logits = trainer.model_wrapped(input_ids=probe.to(args.device)).logits.float().cpu()
     if args.process_index == 0:
         record["logits"] = logits.tolist()
+    if evaluate:
+        record["eval"] = trainer.evaluate(eval_dataset=evaluation_rows())
     trainer.save_model(str(Path(output_dir) / "model"))
     name = f"rank-{args.process_index}{'-resumed' if resume else ''}.json"
     Path(output_dir, name).write_text(json.dumps(record))
@@ -156,6 +163,11 @@ def main(
     if also_windows_documents:
         windows_documents(Path(output_dir) / "windows_documents", per_device, deepspeed, sp, data)
     trainer.accelerator.end_training()
+
+
+def evaluation_rows() -> Dataset:
+    rows = torch.randint(3, 500, (EVAL_ROWS, SEQ), generator=torch.Generator().manual_seed(2)).tolist()
+    return Dataset.from_dict({"input_ids": rows, "labels": rows})
 
 
 def rows_as_sp_groups_train_them(data: torch.Tensor, sp_spec: str) -> torch.Tensor:
@@ -219,6 +231,7 @@ if __name__ == "__main__":
     own_count = "--own_token_count" in sys.argv
     also = "--windows_documents" in sys.argv
     groups = sys.argv.pop(sys.argv.index("--as_sp_groups") + 1) if "--as_sp_groups" in sys.argv else None
+    evaluate = "--evaluate" in sys.argv
     flags = (
         "--optim",
         "--gradient_checkpointing",
@@ -226,10 +239,11 @@ if __name__ == "__main__":
         "--own_token_count",
         "--windows_documents",
         "--as_sp_groups",
+        "--evaluate",
     )
     sys.argv = [a for a in sys.argv if a not in flags]
     deepspeed_config = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
     save = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     resume = len(sys.argv) > 5 and sys.argv[5] == "resume"
-    args = (deepspeed_config, save, resume, optim, checkpointing, sp, own_count, also, groups)
+    args = (deepspeed_config, save, resume, optim, checkpointing, sp, own_count, also, groups, evaluate)
     main(sys.argv[1], int(sys.argv[2]), *args)
