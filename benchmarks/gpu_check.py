@@ -25,8 +25,9 @@ processes are killed, and the next check runs in a fresh process. gpu_check.json
 | `straggler_2proc` | `PretrainTrainer`, 2 processes on the one GPU (DDP over gloo), rank 1 slowed inside its linears (`torch.cuda._sleep`, benchmarks/gpu/faults.py) | the DDP rule and the linears' rule both name rank 1 |
 | `telemetry_overhead` | `gpt2-124m` bf16 steps with every callback on vs extras off, alternated (benchmarks/telemetry_overhead.py) | ratio <= 1.01 |
 | `async_staging` | `gpt2-124m`'s fp32 weights and AdamW states saved asynchronously (`BackgroundSaves`): first with the step's update still queued behind a device sleep (the copy stream must wait on the step's event), then a second save timed synchronised against the same step without one, and a synchronous `torch.save` | the files equal the state of their own step; stall of the second save / synchronous save <= 0.1 |
+| `parallel_2gpu` | 2 CUDA GPUs only (skipped with fewer: this workplace lends one): tests/distributed/dist_run.py under `torchrun`/`accelerate launch` for Ulysses SP=2 (ZeRO-3), DeepSpeed AutoTP=2, accelerate `tp_size=2` and `cp_size=2` (FSDP2), each against one process, fp32 | each loss within 1e-5 of one process's, tokens counted once |
 
-One module per check in benchmarks/gpu/. Packages: `mfu_bf16`, `straggler_2proc`,
+One module per check in benchmarks/gpu/. Packages: `mfu_bf16`, `straggler_2proc`, `parallel_2gpu` (and deepspeed),
 `telemetry_overhead` and `async_staging` need `datasets` (`PretrainTrainer` imports the data chain), `fp8_vs_bf16` needs
 `torchao`; nothing imports them at module import time, and a missing one skips only the checks that
 need it. hf_pretrain is imported from this checkout (the parent folder) when it is not installed.
@@ -67,6 +68,7 @@ CHECKS = {
     "flex_vs_sdpa": 90,
     "straggler_2proc": 150,
     "telemetry_overhead": 150,
+    "parallel_2gpu": 480,  # 5 launches (one process, SP, AutoTP, accelerate TP and CP) of at most 150 s each
 }
 
 

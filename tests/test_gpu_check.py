@@ -34,6 +34,7 @@ CHECKS = {
     "straggler_2proc",
     "telemetry_overhead",
     "async_staging",
+    "parallel_2gpu",
 }
 
 
@@ -65,6 +66,9 @@ def test_dry_run_runs_every_check_and_reads_back_every_figure_on_a_cpu(tmp_path)
     assert rows["env"]["details"]["imports"]["transformers"] == "ok"
     assert rows["env"]["details"]["imports"]["datasets"] == "ok"
     assert rows["device_clock"]["status"].startswith("skipped: no CUDA")
+    # the 2-GPU row builds its launches and checks PretrainingArguments lets tp_size/cp_size through off a CPU, then
+    # skips: it never launches on a dry run
+    assert rows["parallel_2gpu"]["status"] == "skipped: needs 2 CUDA GPUs (this machine has 0)"
     # what is judged on a CPU too: two CPU ranks, rank 1 slowed inside its linears, are told apart for real by
     # both rules (DDP's compute and the linears' local_s that ZeRO-3 and FSDP2 are judged on)
     straggler = rows["straggler_2proc"]

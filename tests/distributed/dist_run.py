@@ -1,7 +1,8 @@
 """Launched by test_distributed.py (under `accelerate launch` or alone): a short run of the tiny preset.
 
 Usage: python tests/distributed/dist_run.py OUTPUT_DIR PER_DEVICE_BATCH [DEEPSPEED_CONFIG|-] [SAVE_STEPS] [resume]
-       [--optim NAME] [--gradient_checkpointing] [--sp N] [--own_token_count] [--windows_documents] [--evaluate]
+       [--optim NAME] [--gradient_checkpointing] [--sp N] [--tp N] [--cp N] [--own_token_count] [--windows_documents]
+       [--evaluate]
 Writes OUTPUT_DIR/rank-<r>.json: the per-step losses, a checksum of every parameter (gathered under
 ZeRO-3 and FSDP2), the tokens seen and what the throughput callback would price a token at, the memory
 preflight's estimate, the rank's parameter count and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model. The
@@ -10,11 +11,14 @@ by `TokenCounter` (include_num_input_tokens_seen="no") instead of the Trainer's 
 then, in the same processes (a second launch would cost its start-up again), the same steps with sliding windows,
 packed documents and MoE layers (`windows_documents`), recorded in OUTPUT_DIR/windows_documents/rank-<r>.json.
 `--evaluate`: then the Trainer's `evaluate()` of `EVAL_ROWS` rows in batches of 8 (a full batch and a remainder),
-its metrics recorded as "eval".
+its metrics recorded as "eval". `--tp N` / `--cp N`: accelerate's `ParallelismConfig(tp_size=N)` (the model loaded
+sharded, `tp_plan="auto"`, as accelerate requires) / `cp_size=N` (under an FSDP2 launch); GPU-only, refused on a CPU
+(benchmarks/gpu/parallel_2gpu.py launches them).
 """
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -77,7 +81,8 @@ def record_state_dict_offload() -> list[bool]:
     return seen
 
 
-def arguments(output_dir, per_device: int, deepspeed: str | None, sp: int, **overrides):
+def arguments(output_dir, per_device: int, deepspeed: str | None, sp: int, tp: int = 1, cp: int = 1, **overrides):
+    sizes = {"sp_size": sp, "tp_size": tp, "cp_size": cp}
     return quick_args(
         output_dir,
         max_steps=STEPS,
@@ -88,7 +93,7 @@ def arguments(output_dir, per_device: int, deepspeed: str | None, sp: int, **ove
         telemetry=False,
         seed=0,
         deepspeed=deepspeed,
-        parallelism_config=ParallelismConfig(sp_size=sp) if sp > 1 else None,
+        parallelism_config=ParallelismConfig(**sizes) if max(sizes.values()) > 1 else None,
         **overrides,
     )
 
@@ -106,6 +111,8 @@ def main(
     also_windows_documents: bool = False,
     as_sp_groups: str | None = None,
     evaluate: bool = False,
+    tp: int = 1,
+    cp: int = 1,
 ):
     torch.manual_seed(0)
     data = torch.randint(3, 500, (GLOBAL_BATCH * STEPS, SEQ), generator=torch.Generator().manual_seed(1))
@@ -116,13 +123,15 @@ def main(
         per_device,
         deepspeed,
         sp,
+        tp,
+        cp,
         save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500,
         optim=optim,
         gradient_checkpointing=gradient_checkpointing,
         **({"include_num_input_tokens_seen": "no"} if own_token_count else {}),
     )
-    model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=2))
+    model = seeded_model(output_dir, tp)
     losses = Losses()
     dataset = Dataset.from_dict({"input_ids": data.tolist(), "labels": data.tolist()})
     trainer = PretrainTrainer(model=model, args=args, train_dataset=dataset)
@@ -163,6 +172,17 @@ def main(
     if also_windows_documents:
         windows_documents(Path(output_dir) / "windows_documents", per_device, deepspeed, sp, data)
     trainer.accelerator.end_training()
+
+
+def seeded_model(output_dir: str, tp: int) -> PretrainForCausalLM:
+    """The tiny model every run starts from; under accelerate's TP loaded sharded from the same weights (accelerate
+    takes only a model split at load: `tp_plan="auto"`), each rank from its own copy (no barrier needed)."""
+    model = PretrainForCausalLM(get_preset("tiny", vocab_size=512, num_hidden_layers=2))
+    if tp == 1:
+        return model
+    init = Path(output_dir) / f"init-rank{os.environ['RANK']}"
+    model.save_pretrained(init)
+    return PretrainForCausalLM.from_pretrained(init, tp_plan="auto")
 
 
 def evaluation_rows() -> Dataset:
@@ -227,7 +247,7 @@ def windows_documents(output_dir: Path, per_device: int, deepspeed: str | None, 
 if __name__ == "__main__":
     optim = sys.argv.pop(sys.argv.index("--optim") + 1) if "--optim" in sys.argv else "adamw_torch"
     checkpointing = "--gradient_checkpointing" in sys.argv
-    sp = int(sys.argv.pop(sys.argv.index("--sp") + 1)) if "--sp" in sys.argv else 1
+    sp, tp, cp = (int(sys.argv.pop(sys.argv.index(f) + 1)) if f in sys.argv else 1 for f in ("--sp", "--tp", "--cp"))
     own_count = "--own_token_count" in sys.argv
     also = "--windows_documents" in sys.argv
     groups = sys.argv.pop(sys.argv.index("--as_sp_groups") + 1) if "--as_sp_groups" in sys.argv else None
@@ -236,6 +256,8 @@ if __name__ == "__main__":
         "--optim",
         "--gradient_checkpointing",
         "--sp",
+        "--tp",
+        "--cp",
         "--own_token_count",
         "--windows_documents",
         "--as_sp_groups",
@@ -245,5 +267,5 @@ if __name__ == "__main__":
     deepspeed_config = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
     save = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     resume = len(sys.argv) > 5 and sys.argv[5] == "resume"
-    args = (deepspeed_config, save, resume, optim, checkpointing, sp, own_count, also, groups, evaluate)
+    args = (deepspeed_config, save, resume, optim, checkpointing, sp, own_count, also, groups, evaluate, tp, cp)
     main(sys.argv[1], int(sys.argv[2]), *args)
