@@ -279,14 +279,19 @@ def assert_sharded_and_equal_to_one_process(tmp_path, ranks):
         0 < ranks[0]["batches"] < ranks[0]["all_batches"]
         and ranks[0]["batches"] + ranks[1]["batches"] == ranks[0]["all_batches"]
     )
+    assert_figures_of_one_process(tmp_path, ranks[0], bpb_tolerance=1e-4)
+
+
+def assert_figures_of_one_process(tmp_path, rank: dict, bpb_tolerance: float) -> None:
+    """The rank's figures are one process's on the saved model: accuracies exactly, bits per byte within the tolerance."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32)
     alone = DownstreamEvaluator(AutoTokenizer.from_pretrained(tmp_path / "model"), TASKS, limit=24).evaluate(model)
     for task, figures in alone.tasks.items():
         for m in ("acc", "acc_norm", "acc_per_token"):
-            assert ranks[0]["figures"][task][m] == figures[m], (task, m)
-        assert ranks[0]["figures"][task]["bpb"] == pytest.approx(figures["bpb"], abs=1e-4)
+            assert rank["figures"][task][m] == figures[m], (task, m)
+        assert rank["figures"][task]["bpb"] == pytest.approx(figures["bpb"], abs=bpb_tolerance)
 
 
 @pytest.mark.distributed
@@ -326,13 +331,6 @@ def test_two_ranks_under_autotp_score_together_as_one_process(tmp_path):
     assert [r["tp"] for r in ranks] == [2, 2] and not ranks[0]["sharded"]
     assert ranks[0]["figures"] == ranks[1]["figures"]
     assert ranks[0]["batches"] == ranks[1]["batches"] == ranks[0]["all_batches"] == ranks[0]["forwards"] > 1
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.float32)
-    alone = DownstreamEvaluator(AutoTokenizer.from_pretrained(tmp_path / "model"), TASKS, limit=24).evaluate(model)
-    for task, figures in alone.tasks.items():
-        for m in ("acc", "acc_norm", "acc_per_token"):
-            assert ranks[0]["figures"][task][m] == figures[m], (task, m)
-        assert ranks[0]["figures"][task]["bpb"] == pytest.approx(figures["bpb"], abs=1e-6)
+    assert_figures_of_one_process(tmp_path, ranks[0], bpb_tolerance=1e-6)
     assert ranks[0]["generate_calls"] == ranks[1]["generate_calls"] == [True] * 2 * 2
     assert ranks[0]["probed_steps"] == [1, 2] and ranks[1]["probed_steps"] == []

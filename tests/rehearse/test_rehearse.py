@@ -349,21 +349,28 @@ def test_the_shipped_configs_pass(tmp_path, monkeypatch, config):
         assert "2 ranks on 2 node(s)" in checks["rendezvous"].detail
 
 
-@EXHAUSTIVE
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_the_sp_plan_launch_passes(tmp_path, monkeypatch):
-    """hf-pretrain plan's SP launch (8B at 128K tokens on 8 H100s: Ulysses SP 2), rehearsed with SP on 2 ranks."""
-    from hf_pretrain.plan import PlanRequest, make_plan, write_plan
+def rehearse_plan(plan, tmp_path, monkeypatch):
+    """The plan's files written, and its launch.sh rehearsed on the example's embedded corpus: (files, result, checks)."""
+    from hf_pretrain.plan import write_plan
 
-    plan = make_plan(PlanRequest("h100", gpus=8, params=8e9, tokens=160e9, seq_len=131072))
-    assert plan.sp == 2
     files = write_plan(plan, tmp_path / "plan")
     args = read_launch_file(files["launch"])
     args = args[args.index("examples/pretrain.py") + 1 :]
     drop = args.index("--dataset_path")
     del args[drop : drop + 2]  # the embedded corpus
-    result, checks = rehearsal(tmp_path / "out", monkeypatch, files["accelerate_config"], "examples/pretrain.py", *args)
+    return files, *rehearsal(tmp_path / "out", monkeypatch, files["accelerate_config"], "examples/pretrain.py", *args)
+
+
+@EXHAUSTIVE
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_sp_plan_launch_passes(tmp_path, monkeypatch):
+    """hf-pretrain plan's SP launch (8B at 128K tokens on 8 H100s: Ulysses SP 2), rehearsed with SP on 2 ranks."""
+    from hf_pretrain.plan import PlanRequest, make_plan
+
+    plan = make_plan(PlanRequest("h100", gpus=8, params=8e9, tokens=160e9, seq_len=131072))
+    assert plan.sp == 2
+    files, result, checks = rehearse_plan(plan, tmp_path, monkeypatch)
     assert result.passed, "\n".join(f"{c.name}: {c.status}: {c.detail} {c.fix}" for c in checks.values())
     assert result.topology.sp == 2
     assert "max |difference| 0.0e+00" in checks["resume exactness"].detail
@@ -375,18 +382,13 @@ def test_the_sp_plan_launch_passes(tmp_path, monkeypatch):
 def test_the_tp_plan_launch_passes(tmp_path, monkeypatch):
     """hf-pretrain plan's AutoTP launch (6B with SSSL windows at 128K tokens on 8 H100s: AutoTP 4 under ZeRO-1, its
     own DeepSpeed JSON in the plan folder), rehearsed with AutoTP shrunk to the 2 ranks."""
-    from hf_pretrain.plan import PlanRequest, make_plan, write_plan
+    from hf_pretrain.plan import PlanRequest, make_plan
 
     request = PlanRequest("h100", gpus=8, params=6e9, tokens=120e9, seq_len=131072, window_pattern="SSSL",
                           sliding_window=4096)  # fmt: skip
     plan = make_plan(request)
     assert plan.tp == 4
-    files = write_plan(plan, tmp_path / "plan")
-    args = read_launch_file(files["launch"])
-    args = args[args.index("examples/pretrain.py") + 1 :]
-    drop = args.index("--dataset_path")
-    del args[drop : drop + 2]  # the embedded corpus
-    result, checks = rehearsal(tmp_path / "out", monkeypatch, files["accelerate_config"], "examples/pretrain.py", *args)
+    files, result, checks = rehearse_plan(plan, tmp_path, monkeypatch)
     assert result.passed, "\n".join(f"{c.name}: {c.status}: {c.detail} {c.fix}" for c in checks.values())
     assert result.topology.tp == 2 and result.topology.deepspeed_file == files["deepspeed"]
     assert "tensor parallelism 4 (AutoTP) rehearsed as 2 (2 processes)" in result.topology.notes
