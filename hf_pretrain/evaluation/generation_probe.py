@@ -8,7 +8,7 @@ pairs with `exact_match` (the completion's first line, case and surrounding punc
 expected words), and asks the Trainer to log at that step on every rank (the decision is the step number, so all
 ranks take the same collectives). With DDP only rank 0 generates, on the unwrapped model (no collective, no
 deadlock); under FSDP or ZeRO-3 every rank generates in lockstep (`synced_gpus=True`), and so under DeepSpeed
-AutoTP (`tensor_parallel_size`): a rank holds part of every split linear, whose row-wise half all-reduces over the TP group in
+AutoTP (`split_linear_ranks`): a rank holds part of every split linear, whose row-wise half all-reduces over the TP group in
 each forward (rank 0 generating alone waited there for ranks gone on to the next step's collectives: a hang). Plain `Trainer` does not
 call `metrics_for_log`: there the probe only prints.
 
@@ -105,7 +105,7 @@ def is_sharded(model, args) -> bool:
         return False
 
 
-def tensor_parallel_size(model) -> int:
+def split_linear_ranks(model) -> int:
     """How many ranks each split linear of `model` spans: DeepSpeed AutoTP's layers carry `tp_world_size`,
     transformers' `tp_plan` models `_tp_size`; 1 for a whole model. Read off the model, not the arguments: an
     accelerate-config launch leaves `args.hf_deepspeed_config` without it (transformers' `Trainer.get_tp_size()` then
@@ -190,7 +190,7 @@ class GenerationProbeCallback(PretrainCallback):
             return
         self._last_step = state.global_step
         control.should_log = True  # every rank: the probe's results get a log at this very step
-        main, lockstep = state.is_world_process_zero, is_sharded(model, args) or tensor_parallel_size(model) > 1
+        main, lockstep = state.is_world_process_zero, is_sharded(model, args) or split_linear_ranks(model) > 1
         if not main and not lockstep:
             return  # DDP / one process: rank 0 generates alone, on the unwrapped model
         tokenizer = self.tokenizer or processing_class

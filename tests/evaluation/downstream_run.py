@@ -16,7 +16,7 @@ from transformers import default_data_collator
 
 from hf_pretrain import PretrainTrainer
 from hf_pretrain.evaluation.downstream.callback import DownstreamEvalCallback
-from hf_pretrain.evaluation.generation_probe import GenerationProbeCallback, is_sharded, tensor_parallel_size
+from hf_pretrain.evaluation.generation_probe import GenerationProbeCallback, is_sharded, split_linear_ranks
 from tests.conftest import quick_args
 from tests.evaluation.downstream_models import bpe_tokenizer, tiny_model, training_rows
 
@@ -54,7 +54,7 @@ def main(out: str, deepspeed: str | None = None) -> None:
     )
     trainer.train()
     batches = suite.evaluator.batches(trainer.model)
-    tp = tensor_parallel_size(trainer.model)  # AutoTP: the batches are shared out by TP group (data rank = rank // tp)
+    tp = split_linear_ranks(trainer.model)  # AutoTP: the batches are shared out by TP group (data rank = rank // tp)
     group, groups = args.process_index // tp, args.world_size // tp
     record = {
         "figures": suite.last.tasks,

@@ -13,7 +13,7 @@ the parameters are sharded (DeepSpeed ZeRO-3, FSDP) each forward gathers them la
 every rank must run as many forwards as the others: a rank with one batch fewer runs one
 single-token forward more. No rank ever holds the full weights for it.
 
-Tensor parallelism (`tp_size`, read off the model by default: `generation_probe.tensor_parallel_size`, DeepSpeed
+Tensor parallelism (`tp_size`, read off the model by default: `generation_probe.split_linear_ranks`, DeepSpeed
 AutoTP's layers carry their group's size): each rank holds part of every split linear and the row-wise ones
 all-reduce their partial sums over the TP group inside each forward, so the ranks of a group must run the same batch together. The unit of sharding is then the group (the
 training loader's rule: data rank = rank // tp_size, consecutive ranks form a group): every `world / tp_size`-th
@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from ... import precision
-from ..generation_probe import tensor_parallel_size
+from ..generation_probe import split_linear_ranks
 from .requests import Encoded, Encoder, Row, batches_of, max_length_of, requests_of, rows_of, segments_of, too_long
 from .scoring import ExampleResult, centered_mean, score_example, task_figures
 from .tasks import TaskSet, build_examples, resolve_tasks
@@ -233,7 +233,7 @@ class DownstreamEvaluator:
         batches = self.batches(model, device)
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-        tp_size = tp_size or tensor_parallel_size(model)
+        tp_size = tp_size or split_linear_ranks(model)
         check_tp_groups(model, tp_size, rank, world)
         group, groups = rank // tp_size, world // tp_size  # the TP group: its ranks run each forward together
         adds = rank % tp_size == 0  # the group's first rank adds its log-likelihoods; every rank counts
