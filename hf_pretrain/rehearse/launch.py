@@ -51,6 +51,7 @@ POLL_S = 0.5
 PROGRESS_S = 10.0  # seconds between two lines saying what a run waits for
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # what ends a rehearsal early, and its launches with it
 ERROR = re.compile(r"^([\w.]*(Error|Exception)\b|error:)")
+RANK_PREFIX = re.compile(r"^\[(default)?rank\d+\]:\s*")  # torch.distributed's prefix on a rank's traceback lines
 
 
 @dataclass
@@ -362,7 +363,8 @@ class RunResult:
     def error(self) -> str:
         """The last error line of the log (the root cause a rank raised), or ''."""
         text = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
-        errors = [line.strip() for line in text if ERROR.match(line.strip()) and "ChildFailedError" not in line]
+        lines = [RANK_PREFIX.sub("", line.strip()) for line in text]
+        errors = [line for line in lines if ERROR.match(line) and "ChildFailedError" not in line]
         return errors[-1][:400] if errors else ""
 
 

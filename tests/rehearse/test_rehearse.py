@@ -229,6 +229,18 @@ def test_a_run_that_trained_no_step_is_no_pass_of_sharding_and_deepspeed_s_tp_ch
     assert check.status == "failed" and "the ranks of a TP group were given different rows" in check.detail
 
 
+def test_the_failure_line_is_found_behind_torch_s_rank_prefix(tmp_path):
+    log = tmp_path / "launch.log"
+    log.write_text(
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "deepspeed/runtime/engine.py", line 1, in forward\n'
+        "[rank1]: AssertionError: Data inconsistency within the TP group.\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+    )
+    run = RunResult("straight", [1, 1], 1.0, log, [])
+    assert run.error() == "AssertionError: Data inconsistency within the TP group."
+
+
 def test_sharding_under_sp_wants_each_rank_of_a_group_its_part_of_the_same_rows():
     """Ulysses SP ranks record `[row, part]`: the same rows, each rank its own part, counted once per group."""
     sp = rehearsal_config(CONFIGS / "cpu_2proc_sp.yaml")
