@@ -33,8 +33,10 @@ done here so that a `parallelism_config` with `sp_size > 1` (an argument, or the
    layer and a full one over ~4.6 packed documents a row, 6 steps) the losses agree within 9.5e-7, as plain SP's
    do (4.8e-7): tests/distributed/test_sequence_parallel.py. The cost is the one-process run's: a dense s x s
    boolean mask per layer type for rows with windows or documents (see `FullSequenceSdpa`); plain rows get none.
-   With Ulysses off in evaluation (`sp_disable_in_eval`, the default) the wrapper still drops the mask, and the same
-   rebuild from the local positions keeps windows and documents there too.
+   With Ulysses off in evaluation (`sp_disable_in_eval`, the default; False is refused: evaluation batches are whole
+   rows, which Ulysses' shape check rejects) the wrapper still drops the mask, and the same rebuild from the local
+   positions keeps windows and documents there too. So evaluation runs data parallel over every rank: the Trainer's
+   `evaluate()` and the downstream suite score disjoint shares of whole rows.
 4. `position_ids` in every training batch (the adapter refuses a batch without them): `PositionIds` wraps the
    collator for the training loader only and adds 0..T-1 per row when the collator gives none. The padding mask is
    dropped as well: right padding needs none (a causal query never sees the padding after it), left padding is
@@ -60,6 +62,7 @@ done here so that a `parallelism_config` with `sp_size > 1` (an argument, or the
 Refused in one line before any work (`check_arguments` in `PretrainingArguments`, `check_trainer` at the end of
 `PretrainTrainer.__init__`, `check_attention_plan` after the preflight), each found by running it or by reading the
 code that would run:
+- `sp_disable_in_eval=False` (above, 3.);
 - SP without DeepSpeed, an SP size that does not divide the processes, ZeRO stages other than 3 (the only one
   checked against one process; DeepSpeed averages or sums the SP group's gradients differently per stage and
   version, see transformers' `deepspeed_sp_compute_loss`);
@@ -175,6 +178,13 @@ def check_run(config, model, seq_len: int | None, zero_stage: int | None) -> str
         )
     if seq_len and seq_len % sp:
         _refuse(sp, f"the sequence length {seq_len} is not divisible by it", f"use a multiple of {sp} tokens per row")
+    if not config.sp_handler.sp_disable_in_eval:
+        _refuse(
+            sp,
+            "sp_disable_in_eval=False: evaluation batches are whole rows, not the training adapter's shards, and "
+            "DeepSpeed's attention asserts 'query input tensor does not match the required shape' at the first one",
+            "leave sp_disable_in_eval at True (unset PARALLELISM_CONFIG_SP_DISABLE_IN_EVAL)",
+        )
     kernel = model.config._attn_implementation
     wanted = config.sp_handler.sp_attn_implementation
     if wanted not in (None, kernel):

@@ -318,6 +318,19 @@ def test_two_ranks_under_ddp_and_fsdp2(tmp_path, config):
 
 
 @pytest.mark.distributed
+@pytest.mark.exhaustive
+def test_two_ranks_under_sequence_parallelism_score_their_shares_as_one_process(tmp_path):
+    """Ulysses SP of 2 (ZeRO-3, cpu_2proc_sp.yaml). The suite scores whole rows in eval mode, where DeepSpeed's
+    wrapper calls the model's own kernel (`sp_disable_in_eval`), so the two ranks score disjoint halves as data
+    parallel ranks do. Had the all-to-all stayed on, each rank's heads would have attended over the other rank's
+    example too and the figures would not be one process's."""
+    ranks = launch(tmp_path, str(ROOT / "examples/accelerate_configs/cpu_2proc_sp.yaml"))
+    assert ranks[0]["sharded"] and ranks[1]["sharded"]
+    assert_sharded_and_equal_to_one_process(tmp_path, ranks)
+    assert ranks[0]["generate_calls"] == ranks[1]["generate_calls"] == [True] * 2 * 2
+
+
+@pytest.mark.distributed
 def test_two_ranks_under_autotp_score_together_as_one_process(tmp_path):
     """DeepSpeed AutoTP of 2 (ZeRO-1): each rank holds half of every attention and MLP linear and the row-wise ones
     all-reduce over the pair in every forward, so both ranks score every batch together (one TP group: the whole

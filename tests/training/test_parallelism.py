@@ -77,6 +77,7 @@ def test_the_launch_config_keys_are_read(monkeypatch):
         ("heads", {"num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 64}, 32, 3, None),
         ("kv heads", {"num_key_value_heads": 1}, 32, 3, None),
         ("seq len", {}, 33, 3, "sequence length 33 is not divisible"),
+        ("eval", {}, 32, 3, "sp_disable_in_eval=False: evaluation batches are whole rows"),
     ],
 )
 def test_what_breaks_under_sequence_parallelism_is_refused(case, overrides, seq_len, zero, message):
@@ -87,8 +88,10 @@ def test_what_breaks_under_sequence_parallelism_is_refused(case, overrides, seq_
         return
     if message is None:
         message = "num_attention_heads=2 must be divisible"
+    config = ParallelismConfig(sp_size=sp)
+    config.sp_handler.sp_disable_in_eval = case != "eval"
     with pytest.raises(ValueError, match=rf"^parallelism_config\.sp_size={sp}: .*{message}"):
-        check_run(ParallelismConfig(sp_size=sp), model, seq_len, zero)
+        check_run(config, model, seq_len, zero)
 
 
 @pytest.mark.parametrize(
