@@ -53,15 +53,29 @@ def assert_counts_each_token_once(records, single):
     assert [r["flops_per_token"] for r in records] == [single["flops_per_token"]] * 2
 
 
+def assert_evaluates_as_one_process(records, single, tolerance=1e-5, loss=True):
+    """The Trainer's `evaluate()` of 13 rows in batches of 8: a full batch and a remainder of 5, each row counted
+    once (both ranks of a TP group score the same rows; under SP each rank its own whole rows). The curve's tolerance, for the same fp32 forward; counted
+    once per TP rank, the full batch weighed 16/21 instead of 8/13 (eval_loss 1.1e-4 off at TP=2). Perplexity is
+    exp(the per-token loss): held to the same tolerance relatively."""
+    for record in records:
+        assert abs(record["eval"]["eval_next_token_accuracy"] - single["eval"]["eval_next_token_accuracy"]) <= tolerance
+        assert abs(record["eval"]["eval_perplexity"] / single["eval"]["eval_perplexity"] - 1) <= tolerance
+        if loss:
+            assert abs(record["eval"]["eval_loss"] - single["eval"]["eval_loss"]) <= tolerance
+
+
 def test_sp2_under_zero3_follows_the_single_process_curve(tmp_path, single):
     """`parallelism_config=ParallelismConfig(sp_size=2)` as an argument, under torchrun; tokens counted by
     `TokenCounter` (the launch-config test below: by the Trainer's counter). Then windows over packed documents."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port"]
     command += [str(free_port()), str(SCRIPT), str(tmp_path), "8", ZERO3, "0", "-", "--sp", "2", "--own_token_count"]
-    command += ["--windows_documents"]
+    command += ["--windows_documents", "--evaluate"]
     finish(subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     records = ranks(tmp_path)
     assert_follows(records, single)
+    # evaluate(): Ulysses off, each rank scores its share of whole rows, as 2 data-parallel ranks do
+    assert_evaluates_as_one_process(records, single, loss=False)
     windows = ranks(tmp_path / "windows_documents")
     assert_follows(windows, single["windows_documents"])
     for record in windows:  # evaluation: Ulysses off, the mask still dropped by its wrapper and rebuilt
