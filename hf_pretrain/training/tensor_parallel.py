@@ -24,10 +24,12 @@ What is added here, each found by running 2 gloo ranks against one process (test
    (`resume/data_position.py`), and a mixture's rows trained follow the same groups (`telemetry/mixture.py`):
    with `world` alone a resume at step 3 of 6 started past the end of the epoch and trained nothing.
 3. What breaks is refused in one line before any work (`check_run`, from `PretrainTrainer.__init__`):
-   - ZeRO-3: transformers and accelerate size DeepSpeed's `train_batch_size` over every rank (micro x accumulation
-     x world), and ZeRO-3's partitioner checks it against the data-parallel ranks only: "train_batch_size is not
-     equal to micro_batch_per_gpu * gradient_acc_step * world_size 16 != 8 * 1 * 1" at the first `prepare`;
-     giving the sizes in the config is refused by transformers (they must match the arguments). ZeRO 0/1/2 run.
+   - ZeRO-3: DeepSpeed documents AutoTP training with ZeRO stage 0, 1 or 2 (deepspeed.ai/tutorials/autotp-training;
+     DeepSpeedExamples says "AutoTP+ZeRO-3 not supported"). Run, it stops at the first `prepare` on two batch-size
+     checks that cannot both pass: the engine's config counts every rank ("8 != 8 * 1 * 2" when the size is set to
+     micro x accumulation x world / tp), ZeRO-3's partitioner only the data-parallel ones ("16 != 8 * 1 * 1" when it
+     is micro x accumulation x world, what transformers and accelerate set). ZeRO 0/1/2 run: the optimizer states
+     (1) and gradients (2) sharded over the data-parallel groups, the weights over the TP group.
    - Ulysses SP beside it (`parallelism_config.sp_size`, which runs only under ZeRO-3) and accelerate's own TP
      (`parallelism_config.tp_size`: DTensor layers, GPU-only) together with AutoTP: two schemes for one model.
    - a TP size that does not divide the processes.
@@ -139,8 +141,8 @@ def check_run(tp: int, world: int, zero_stage: int, sp_size: int, parallel_tp_si
     if zero_stage == 3:
         _refuse(
             tp,
-            "ZeRO-3 checks DeepSpeed's train_batch_size against the data-parallel ranks, which transformers and "
-            "accelerate size over every rank",
+            "DeepSpeed's AutoTP training runs with ZeRO stage 0, 1 or 2, not 3 (its AutoTP training tutorial); "
+            "ZeRO-3 stops at DeepSpeed's batch-size assertion",
             "use ds_configs/zero1_autotp.json (ZeRO stage 0, 1 or 2)",
         )
     if sp_size > 1:
