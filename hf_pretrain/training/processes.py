@@ -80,14 +80,15 @@ def wait_for_everyone(accelerator) -> None:
         accelerator.wait_for_everyone()
 
 
-def leave_process_group() -> None:
+def leave_process_group() -> bool:
+    """Destroy the group and settle gloo's threads; whether they were seen idle (`settle_gloo_threads`)."""
     if dist.is_available() and dist.is_initialized():
         with contextlib.suppress(Exception):
             if dist.get_backend() == "gloo":
                 dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
-    settle_gloo_threads()
+    return settle_gloo_threads()
 
 
 GLOO_THREADS = ("pt_gloo", "gloo_")  # the names torch's gloo backend gives its worker and transport threads
@@ -107,15 +108,17 @@ def gloo_thread_states() -> list[str] | None:
     return states
 
 
-def settle_gloo_threads(quiet_checks: int = 3, interval_s: float = 0.01, timeout_s: float = 2.0) -> None:
+def settle_gloo_threads(quiet_checks: int = 3, interval_s: float = 0.01, timeout_s: float = 2.0) -> bool:
     """Sleep (the GIL released) until no gloo thread has been running or runnable for `quiet_checks` checks in a
-    row (docs/known-failure-modes.md); returns at once when the process has no gloo thread."""
+    row (docs/known-failure-modes.md); returns at once when the process has no gloo thread. Whether they were seen
+    idle (False: the timeout, or no /proc to read)."""
     states = gloo_thread_states()
     if states is None:
         time.sleep(0.05)
-        return
+        return False
     deadline, quiet = time.monotonic() + timeout_s, 0
     while states and quiet < quiet_checks and time.monotonic() < deadline:
         time.sleep(interval_s)
         states = gloo_thread_states()
         quiet = 0 if "R" in states else quiet + 1
+    return not states or quiet >= quiet_checks

@@ -26,8 +26,9 @@ deadline = time.monotonic() + 10
 while len(gloo_thread_states()) < 3 and time.monotonic() < deadline:  # each thread names itself once it runs
     time.sleep(0.01)
 before = gloo_thread_states()
-leave_process_group()
-print(json.dumps({{"before": before, "after": gloo_thread_states(), "initialized": dist.is_initialized()}}))
+settled = leave_process_group()
+after = gloo_thread_states()
+print(json.dumps({{"before": before, "after": after, "settled": settled, "initialized": dist.is_initialized()}}))
 """
 
 
@@ -49,7 +50,9 @@ def test_the_gloo_threads_are_found_by_name_and_end_with_a_group_nothing_holds()
 def test_a_group_still_held_leaves_its_threads_idle_at_exit():
     result = leave(hold=True)
     assert len(result["after"]) == len(result["before"]) >= 3  # alive until the process ends
-    assert "R" not in result["after"]  # none running or runnable when the interpreter goes on to finalize
+    # none running or runnable in the last three checks before the interpreter goes on to finalize. (Not a fresh
+    # read after them: an idle transport thread may wake for a moment on a loaded machine; that read was flaky.)
+    assert result["settled"]
 
 
 TRAINER_SCRIPT = """
@@ -89,7 +92,7 @@ def test_the_exit_waits_for_three_quiet_checks_in_a_row(monkeypatch, readings, e
     seen = []
     monkeypatch.setattr(processes, "gloo_thread_states", lambda: seen.append(1) or next(reads))
     monkeypatch.setattr(processes.time, "sleep", lambda seconds: None)
-    processes.settle_gloo_threads()
+    assert processes.settle_gloo_threads() is True  # idle seen (no gloo thread: nothing to settle)
     assert len(seen) == expected_reads
 
 
@@ -100,5 +103,5 @@ def test_the_exit_wait_is_bounded(monkeypatch):
     monkeypatch.setattr(processes, "gloo_thread_states", lambda: ["R"])  # a thread that never goes idle
     monkeypatch.setattr(processes.time, "sleep", lambda seconds: None)
     monkeypatch.setattr(processes.time, "monotonic", lambda: next(clock))
-    processes.settle_gloo_threads(timeout_s=5)
+    assert processes.settle_gloo_threads(timeout_s=5) is False  # timed out, not idle
     assert next(clock) <= 8  # stopped at the deadline, not after 1000 looks
