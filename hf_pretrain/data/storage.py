@@ -4,7 +4,10 @@ opened and signed like a local folder, streamed (no copy of the corpus on the la
 `is_url` tells a URL from a local path; `list_objects` lists the objects under it (or the one object it names)
 with their fsspec info, and turns every failure into one line naming the field, the URL and the fix
 (`ValueError`): a missing bucket, nothing under the prefix, refused or missing credentials, a protocol whose
-package is not installed. `open_binary` opens a local path or a URL for reading in blocks; `stat` and
+package is not installed. A listing of millions of objects is thousands of requests and minutes: within
+`one_listing_per_url()` (the chain's launch holds it for its whole run) each URL is listed once per process, so
+the launch lists its input once (shard count and stage key alike) and each documents task once for its shard, as
+datatrove's readers do; the stage key and the shards then come from the same listing. `open_binary` opens a local path or a URL for reading in blocks; `stat` and
 `signature` give each object's size and version (its ETag, else the fields fsspec's backends name their version
 or modification time by), so a changed object changes the documents stage's key.
 
@@ -29,6 +32,7 @@ files and `AutoTokenizer` loads a local folder.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -48,6 +52,7 @@ FIXES = {
     "hf": "set HF_TOKEN to a token that may {verb} it",
 }
 COMPLETE = ".complete"  # written last into a download's folder: a copy without it is redone
+_listings: dict[str, dict[str, dict]] | None = None  # within one_listing_per_url(): each URL's one listing
 
 
 def is_url(path: str | Path) -> bool:
@@ -81,8 +86,29 @@ def _refused(field: str, url: str, err: Exception) -> ValueError:
     return ValueError(f"{field}={url!r}: cannot be listed ({said}); check the URL, the endpoint and {credentials}.")
 
 
+@contextlib.contextmanager
+def one_listing_per_url():
+    """Within it, `list_objects` lists each URL once and answers again from that listing (module docstring)."""
+    global _listings
+    outer = _listings
+    _listings = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _listings = outer
+
+
 def list_objects(url: str, field: str = "input") -> dict[str, dict]:
     """The objects under `url` (every depth, or the one object it names), as full URLs in order, with their info."""
+    if _listings is not None and url in _listings:
+        return dict(_listings[url])
+    found = _list_objects(url, field)
+    if _listings is not None:
+        _listings[url] = dict(found)
+    return found
+
+
+def _list_objects(url: str, field: str) -> dict[str, dict]:
     fs, root = _filesystem(url, field)
     try:
         found = fs.find(root, detail=True)

@@ -104,9 +104,15 @@ def counters(output_dir) -> list[dict]:
     return [{k: v for k, v in s.items() if k != "seconds"} for s in stats]
 
 
-def test_prepare_from_s3_gives_the_local_runs_counts_and_tokens(s3_env, tmp_path, capsys):
+def test_prepare_from_s3_gives_the_local_runs_counts_and_tokens(s3_env, tmp_path, capsys, monkeypatch):
+    from hf_pretrain.data import storage
+
+    listed, list_objects = [], storage._list_objects
+    monkeypatch.setattr(storage, "_list_objects", lambda url, field: listed.append(url) or list_objects(url, field))
     assert main(["data", "prepare", prepare(tmp_path, "local", str(s3_env["local"] / "raw"))]) == 0
     assert main(["data", "prepare", prepare(tmp_path, "s3", f"s3://{BUCKET}/raw")]) == 0
+    # the input listed once a launch: its shards, its stage key and (tasks in this process) the reading (were 6)
+    assert listed == [f"s3://{BUCKET}/raw"]
     assert counters(tmp_path / "s3") == counters(tmp_path / "local")
     read = counters(tmp_path / "s3")[0]
     assert read["dropped"] == {"malformed_json": 1, "missing_text": 1, "invalid_utf8": 1}

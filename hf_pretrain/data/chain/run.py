@@ -59,7 +59,7 @@ from ..blocks import BlockStats
 from ..executor_config import ExecutorConfig
 from ..pipeline_config import PipelineConfig
 from ..prepared import files_signature, summary_table, tokenizer_folder
-from ..storage import check_output, config_key, exists, is_url, join, publish_text, remove
+from ..storage import check_output, config_key, exists, is_url, join, one_listing_per_url, publish_text, remove
 from .dedup_shards import write_json
 
 CONSTANT = {"mode", "seq_len", "bands", "rows", "num_perm", "threshold", "heldout_fraction", "vocab_size"}
@@ -303,8 +303,7 @@ def executor_of(config: PipelineConfig) -> ExecutorConfig:
 
 def run_pipeline(config: PipelineConfig, verbose: bool = True) -> list[BlockStats]:
     """Run the chain (module docstring); returns every block's counters, summed over the tasks, in chain order."""
-    from . import stages as s
-    from .executors import check_ray, check_slurm, runner_for
+    from .executors import check_ray, check_slurm
 
     executor = executor_of(config)
     executor.check_installed()
@@ -319,6 +318,14 @@ def run_pipeline(config: PipelineConfig, verbose: bool = True) -> list[BlockStat
         )
     if is_url(config.output_dir):
         check_output(config.output_dir)
+    with one_listing_per_url():  # an input URL listed once for the shards and the stage key (storage.py)
+        return _run_chain(config, executor, verbose)
+
+
+def _run_chain(config: PipelineConfig, executor, verbose: bool) -> list[BlockStats]:
+    from . import stages as s
+    from .executors import runner_for
+
     shards = count_shards(config, executor.tasks)
     plan = s.Plan(task_config(config, executor), shards, executor.tokenizer_sample_documents)
     out = plan.out

@@ -49,7 +49,7 @@ from ..prepared import tokenizer_folder
 from ..read import ReadFiles, list_files, load_saved
 from ..records import DOC_ID, RECORD
 from ..split import own_heldout
-from ..storage import is_url, join, publish
+from ..storage import is_url, join, one_listing_per_url, publish
 from . import dedup_shards
 from .dedup_shards import write_json
 
@@ -84,6 +84,8 @@ class Plan:
         """The name of the held-out split a `save_to_disk` DatasetDict input brings (`split.own_heldout`), or None."""
         from datasets import DatasetDict
 
+        if is_url(self.config.input):  # a save_to_disk folder is read from a local path only (storage.py)
+            return None
         kind, files = list_files(self.config.input)
         loaded = load_saved(files[0]) if kind == "disk" else None
         return own_heldout(loaded) if isinstance(loaded, DatasetDict) else None
@@ -201,7 +203,7 @@ class Stage(PipelineStep):
         with task_lock(self.plan.out / "locks" / f"{self.folder}-{rank:05d}.lock"):
             if not done.exists():  # else a launch running at the same time did this task while we waited
                 start = time.perf_counter()
-                with PeakMemory() as memory, quiet_datasets():
+                with PeakMemory() as memory, quiet_datasets(), one_listing_per_url():
                     stats, facts = self.work(out, rank, world_size)
                 record = {
                     "stats": [s.to_dict() for s in stats],
