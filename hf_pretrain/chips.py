@@ -20,6 +20,8 @@ matching function, so a chip added once is known everywhere and the places canno
   (PCIe, NVL bridges join only 2 or 4 cards). The planner prices sequence parallelism's all-to-all with it.
   `None` where no figure applies: one GPU per box with unified memory (GB10), or a mesh whose bandwidth depends
   on how many peers an all-to-all reaches (MI300X: 64 GB/s each way to each of 7 peers) - unavailable, never 0.
+  The network *between* nodes is not here: it is the cluster's, not the chip's (`hf-pretrain plan --network-gbps`,
+  GB/s each way per GPU).
 
 Matching (`match`): a table's keys are lower-case substrings of `torch.cuda.get_device_name()`,
 most specific first, found at word boundaries ("l4" is not "l40s") in the name with `-` and `_`

@@ -7,6 +7,7 @@ estimator, presets' shape recipe, schedules) and nothing in the package imports 
   compute, repeated-data epochs) and the shape family;
 - `planner.py`: `PlanRequest` -> `make_plan` -> `Plan` (or `PlanRefused` with the reason);
 - `output.py`: the table, `plan.json`, the accelerate config and the launch command;
+- `network.py`: the data-parallel traffic across nodes (`--network-gbps`) and what of it the compute hides;
 - `resilience.py`: the checkpoint interval; `restart.py`: restart or resume on a faster path mid-run;
 - `cli.py`: `hf-pretrain plan` flags.
 """

@@ -20,8 +20,16 @@ def amount(text: str) -> float:
     return float(match.group(1)) * SUFFIXES[match.group(2)]
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """A bad flag ends as one line naming it (`error: argument --network-gbps: invalid float value: 'x'`), as the
+    planner's own refusals do: `hf_pretrain.cli.main` prints a ValueError as one line, exit status 2."""
+
+    def error(self, message: str):
+        raise ValueError(f"{message} (hf-pretrain plan --help)")
+
+
 def cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         prog="hf-pretrain plan",
         description="Budget and hardware in; a compute-optimal run that fits memory out (docs/plan.md).",
     )
@@ -35,6 +43,13 @@ def cli(argv: list[str]) -> int:
     hardware.add_argument("--device-memory-gb", type=float, default=None, help="memory per GPU in GiB (overrides)")
     hardware.add_argument(
         "--link-gbps", type=float, default=None, help="GB/s each way from a GPU to its node (overrides chips.py)"
+    )
+    hardware.add_argument(
+        "--network-gbps",
+        type=float,
+        default=None,
+        help="GB/s each way per GPU between nodes (a node's NICs / its GPUs; 8 x 400 Gb/s NDR for 8 GPUs: 50); "
+        "default: unknown, and traffic across nodes is not weighed",
     )
     budget = parser.add_argument_group("budget (exactly one)").add_mutually_exclusive_group(required=True)
     budget.add_argument("--hours", type=float, default=None, help="wall-clock hours on all the GPUs")
@@ -89,6 +104,7 @@ def cli(argv: list[str]) -> int:
         peak_tflops=args.peak_tflops,
         device_memory_gb=args.device_memory_gb,
         link_gbps=args.link_gbps,
+        network_gbps=args.network_gbps,
         checkpoint_seconds=args.checkpoint_seconds,
         mtbf_hours=args.mtbf_hours,
         goodput_from=args.goodput_from,

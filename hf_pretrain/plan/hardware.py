@@ -7,6 +7,11 @@
   recommended recipe, or of `--precision`; a trial measures its own model on one GPU, so it is a guide to the
   planned run, not a measurement of it); else `MFU_ASSUMPTIONS`, recorded runs of shared/FIELD-NOTES.md
   recomputed with modeling/accounting.py. A chip with no recorded figure gets no made-up MFU: the plan asks for one.
+- Link: the chip table's GB/s each way from a GPU to the rest of its node (NVLink, PCIe), or `--link-gbps`; both
+  priced at `LINK_EFFICIENCY` of the line rate.
+- Network: `--network-gbps` only, GB/s each way *per GPU* between nodes (a node's NICs over its GPUs: 8 x 400 Gb/s
+  InfiniBand NDR for 8 GPUs is 50). It is the cluster's, not the chip's, so no table holds it: without it, traffic
+  across nodes is unavailable (not zero) and the plan says so.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ LOW_PRECISION_MFU = {
 
 
 LINK_EFFICIENCY = 0.8  # the share of the link's line rate an NCCL all-to-all reaches (module docstring)
+# The network between nodes is the cluster's, not the chip's: no table holds it, only --network-gbps gives it.
+NETWORK_EXAMPLE = "GB/s each way per GPU, e.g. 50 for 8 x 400 Gb/s InfiniBand NDR per 8-GPU node"
+NETWORK_UNKNOWN = f"not given: pass --network-gbps, {NETWORK_EXAMPLE}"
 
 
 class PlanRefused(ValueError):
@@ -61,6 +69,8 @@ class Hardware:
     mfu_source: str
     link_gbps: float | None = None  # GB/s each way, one GPU to the rest of its node; None: unavailable
     link_source: str = "unavailable"
+    network_gbps: float | None = None  # GB/s each way, one GPU's share of the network between nodes; None: unknown
+    network_source: str = "unavailable"
 
     @property
     def world(self) -> int:
@@ -161,4 +171,6 @@ def resolve_hardware(request) -> Hardware:
         mfu_source,
         link,
         link_source,
+        request.network_gbps,
+        "--network-gbps" if request.network_gbps else NETWORK_UNKNOWN,
     )

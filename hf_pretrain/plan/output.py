@@ -30,7 +30,7 @@ import yaml
 from ..distributed.memory import GiB
 from ..training.recovery.attempts import RESTARTABLE
 from .hardware import LINK_EFFICIENCY
-from .planner import Plan
+from .planner import Plan, network_words
 from .resilience import SOURCE as CHECKPOINT_SOURCE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,8 +122,20 @@ def launch_command(plan: Plan, out_dir: str, dataset: str, run_dir: str) -> list
     return args
 
 
+def _network_state(plan: Plan) -> str:
+    """plan.json's word on the network between nodes: not crossed, unavailable (not zero), or priced."""
+    if plan.hardware.nodes == 1:
+        return "one node: nothing crosses the network"
+    if plan.network_share is None:
+        return (
+            "unavailable, not priced: the data-parallel traffic across nodes is not in the prediction and AutoTP / SP "
+            "are not weighed against ZeRO-3 across nodes (--network-gbps)"
+        )
+    return "priced: the data-parallel traffic across nodes the compute does not hide is in the prediction"
+
+
 def plan_dict(plan: Plan, command: list[str] | None = None) -> dict:
-    hw, mem = plan.hardware, plan.memory
+    hw, mem, traffic = plan.hardware, plan.memory, plan.network_traffic
     return {
         "hardware": {**vars(hw), "world": hw.world},
         "budget": plan.budget,
@@ -169,7 +181,13 @@ def plan_dict(plan: Plan, command: list[str] | None = None) -> dict:
             "link_gbps_each_way": hw.link_gbps,
             "link_source": hw.link_source,
             "link_efficiency": LINK_EFFICIENCY,
-            "inter_node_network": "unavailable, not priced: AutoTP is not weighed against ZeRO-3 over nodes",
+            "inter_node_network": _network_state(plan),
+            "network_gbps_each_way_per_gpu": hw.network_gbps,
+            "network_source": hw.network_source,
+            "network_bytes_per_gpu_micro_step": traffic.micro_step if traffic else 0.0,
+            "network_bytes_per_gpu_step": traffic.step if traffic else 0.0,
+            "network_seconds_per_step": plan.network_seconds,
+            "network_reason": plan.network_reason,
         },
         "memory": {**mem.to_dict(), "usable_bytes": plan.usable_bytes},
         "schedule": {"type": plan.schedule, "peak_lr": plan.peak_lr, "lr_scheduler_kwargs": plan.schedule_kwargs},
@@ -222,6 +240,26 @@ def _collective(plan: Plan) -> str:
     return f"{sent} at {rate:g} GB/s = {plan.collective_seconds:.2f} s of the step"
 
 
+def _network_link(hw) -> list[tuple[str, str]]:
+    """The hardware row of the network between nodes: only over several nodes, or when given."""
+    if hw.nodes == 1 and hw.network_gbps is None:
+        return []
+    if hw.nodes == 1:
+        return [("", f"network {hw.network_gbps:g} GB/s each way per GPU (--network-gbps): not crossed on one node")]
+    if hw.network_gbps is None:
+        return [("", f"network unavailable between nodes ({hw.network_source})")]
+    return [("", f"network {hw.network_gbps:g} GB/s each way per GPU between nodes ({hw.network_source})")]
+
+
+def _network(plan: Plan) -> list[tuple[str, str]]:
+    """The prediction's row of the data-parallel traffic across nodes, where priced."""
+    seconds = plan.network_seconds
+    if plan.hardware.nodes == 1 or seconds is None:
+        return []
+    words = network_words(plan.config, plan.seq_len, plan.hardware, plan.fit, plan.sp, plan.tp, plan.grad_accum)
+    return [("", f"{plan.strategy.label} across nodes, {words}; +{seconds:.2f} s a step")]
+
+
 def table(plan: Plan) -> str:
     hw, c, mem = plan.hardware, plan.config, plan.memory
     nodes = f"{hw.nodes} nodes x {hw.gpus_per_node}" if hw.nodes > 1 else f"{hw.gpus_per_node}"
@@ -235,6 +273,7 @@ def table(plan: Plan) -> str:
         ("", f"peak {hw.peak_tflops:g} TFLOP/s per GPU ({hw.peak_source}); memory {hw.memory_bytes / GiB:.1f} GiB"),
         ("", f"MFU {hw.mfu:.3f} ({hw.mfu_source})"),
         ("", f"link {f'{hw.link_gbps:g} GB/s each way per GPU' if hw.link_gbps else 'unavailable'} ({hw.link_source})"),
+        *_network_link(hw),
         (
             "budget",
             f"{plan.budget['value']:.4g}{budget}"
@@ -266,6 +305,7 @@ def table(plan: Plan) -> str:
         ),
         *([("sequence", plan.sp_reason)] if plan.sp_reason else []),
         *([("tensor", plan.tp_reason)] if plan.tp_reason else []),
+        *([("network", plan.network_reason)] if plan.network_reason else []),
         (
             "schedule",
             f"{plan.schedule}: peak {plan.peak_lr:.3g} (DeepSeek eta_opt), warmup {_si(schedule['warmup_tokens'])} "
@@ -277,6 +317,7 @@ def table(plan: Plan) -> str:
             f"{plan.gpu_hours:,.0f} GPU-hours",
         ),
         *([("", _collective(plan))] if plan.collective else []),
+        *_network(plan),
     ]
     from ..evaluation.downstream.budget import plan_row
 

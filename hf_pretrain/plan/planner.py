@@ -38,9 +38,15 @@ The order of decisions, each from its one home in the package:
    KV heads evenly come first; then the cheapest step. Its price: per layer and pass two all-reduces of the hidden
    states (the row-wise o/down projections' outputs forward, the column-wise layers' input gradients backward), a
    ring sending 2 (tp - 1) / tp of each per GPU over the node's link, not overlapped; and the untied LM head that
-   every TP rank computes whole. AutoTP against ZeRO-3 over nodes (ZeRO-3's weight gathers cross the network) is
-   not weighed: the planner has no figure for the network between nodes. Context parallelism (torch's ring
-   attention, GPU-only) is not planned. A step trains (GPUs / tp) x micro-batch rows.
+   every TP rank computes whole. Context parallelism (torch's ring attention, GPU-only) is not planned. A step
+   trains (GPUs / tp) x micro-batch rows.
+3d. Across nodes, with `--network-gbps` (GB/s each way per GPU; `network.py` prices the data-parallel traffic):
+   the plan so far against AutoTP (ZeRO-1) and Ulysses SP (ZeRO-3) inside a node, each degree without
+   checkpointing if it fits, else with (`weigh_across_nodes`): the highest tokens/s wins, and the `network` row
+   lists them all. ZeRO-3 gathers every weight across the nodes per micro-step; AutoTP's data-parallel groups send
+   a 1/tp share once per optimizer step (its all-reduces stay on NVLink); SP keeps ZeRO-3's traffic and divides a
+   micro-step's compute that hides it. Without the figure nothing across nodes is priced or weighed, and the plan
+   says so (unavailable, not zero); on one node the figure changes nothing.
 4. The tokens: what the budget pays for at that shape (hours x GPUs x peak x MFU, or FLOPs / FLOPs per token).
 5. The batch and learning rate from DeepSeek LLM's fits in compute; micro-batch x accumulation x GPUs rounded to
    the fit; the schedule positioned in tokens (`training/schedules.py` reads `total_tokens`, `warmup_tokens`;
@@ -49,8 +55,9 @@ The order of decisions, each from its one home in the package:
    SP's all-to-all (or AutoTP's all-reduce) time over the compute time (`step_cost`): the bytes each GPU sends over
    the chip table's link (each way) x `LINK_EFFICIENCY`, not overlapped (the all-to-alls sit between the
    projections and attention, the all-reduces between a layer and the next), plus AutoTP's replicated LM head.
-   A chip without a link figure (or `--link-gbps`) gets its collective unpriced, said so, with its volume.
-   Then step time, wall-clock, GPU-hours.
+   A chip without a link figure (or `--link-gbps`) gets its collective unpriced, said so, with its volume. Across
+   nodes with `--network-gbps`, plus the data-parallel traffic the compute does not hide (`network.py`). Then step
+   time, wall-clock, GPU-hours.
 7. The checkpoint interval: Young's rule from one save's stall and the job's time between failures
    (`resilience.py`).
 """
@@ -65,7 +72,8 @@ from ..modeling.accounting import SLIDING, attention_widths, count_parameters, f
 from ..modeling.configuration import PretrainConfig
 from ..precision.recipes import LOW_PRECISION
 from . import scaling
-from .hardware import LINK_EFFICIENCY, PLANNED_RECIPES, Hardware, PlanRefused, resolve_hardware
+from .hardware import LINK_EFFICIENCY, NETWORK_EXAMPLE, PLANNED_RECIPES, Hardware, PlanRefused, resolve_hardware
+from .network import Traffic, data_parallel_traffic
 from .resilience import CheckpointPlan, checkpoint_plan, run_resilience
 
 DEFAULT_MARGIN = 0.15
@@ -123,6 +131,7 @@ class PlanRequest:
     peak_tflops: float | None = None
     device_memory_gb: float | None = None
     link_gbps: float | None = None  # GB/s each way, one GPU to the rest of its node (default: the chip table)
+    network_gbps: float | None = None  # GB/s each way, one GPU's share of the network between nodes (default: unknown)
     checkpoint_seconds: float | None = None  # one save's stall of the training loop (default: estimated)
     mtbf_hours: float | None = None  # the job's mean time between failures (default: Llama 3's rate per GPU)
     goodput_from: str | None = None  # a run whose goodput gives both (the flags above win)
@@ -140,10 +149,10 @@ class PlanRequest:
                 f"(examples/pretrain.py): use at least {MIN_VOCAB_SIZE} (256 bytes + special tokens), e.g. 32768."
             )
         for name in ("hours", "tokens", "flops", "data_tokens", "params", "tokens_per_param", "peak_tflops",
-                     "link_gbps", "checkpoint_seconds", "mtbf_hours"):  # fmt: skip
+                     "link_gbps", "network_gbps", "checkpoint_seconds", "mtbf_hours"):  # fmt: skip
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"--{name.replace('_', '-')}={value!r} must be positive.")
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"--{name.replace('_', '-')}={value!r} must be positive and finite.")
         if self.mfu is not None and not 0 < self.mfu <= 1:
             raise ValueError(f"--mfu={self.mfu!r} must be a fraction in (0, 1], e.g. 0.4.")
         if not 0 <= self.margin < 1:
@@ -183,6 +192,7 @@ class Plan:
     sp_reason: str | None = None  # why SP was chosen, or why not where checkpointing is on, for the plan's text
     tp: int = 1  # DeepSpeed AutoTP degree
     tp_reason: str | None = None  # why AutoTP was chosen
+    network_reason: str | None = None  # across nodes with --network-gbps: the weighing of ZeRO-3, AutoTP and SP
 
     @property
     def data_parallel(self) -> int:
@@ -210,10 +220,38 @@ class Plan:
         return None if rate is None else self.collective_bytes / rate
 
     @property
+    def network_traffic(self) -> Traffic | None:
+        """The data-parallel traffic each GPU sends across nodes (`network.py`); None on one node."""
+        hw = self.hardware
+        return None if hw.nodes == 1 else data_parallel_traffic(self.config, self.strategy.name, hw.precision,
+                                                                 hw.world, self.tp)  # fmt: skip
+
+    @property
+    def network_share(self) -> float | None:
+        """That traffic's time the compute does not hide, over the model FLOPs' time (0 on one node, None where the
+        network is unknown)."""
+        return network_share(self.config, self.seq_len, self.hardware, self.fit, self.sp, self.tp,
+                             self.micro_batch, self.grad_accum)  # fmt: skip
+
+    @property
+    def network_seconds(self) -> float | None:
+        """Seconds per optimizer step the network adds (0 on one node, None where it is unknown)."""
+        share = self.network_share
+        if share is None:
+            return None
+        return share * self.global_batch_tokens * self.flops_per_token / self.hardware.sustained_flops
+
+    @property
+    def fit(self) -> tuple:
+        return self.strategy, self.checkpointing, self.micro_batch
+
+    @property
     def cost(self) -> float:
-        """Seconds per token over the model FLOPs' seconds at the MFU: the recompute, the priced collective, and
-        under AutoTP the LM head every TP rank computes whole."""
-        return step_cost(self.config, self.seq_len, self.hardware, self.sp, self.checkpointing, self.tp)
+        """Seconds per token over the model FLOPs' seconds at the MFU: the recompute, the priced collective, under
+        AutoTP the LM head every TP rank computes whole, and the network time across nodes the compute does not
+        hide (where priced)."""
+        base = step_cost(self.config, self.seq_len, self.hardware, self.sp, self.checkpointing, self.tp)
+        return base + (self.network_share or 0.0)
 
     @property
     def parameters(self) -> int:
@@ -323,6 +361,55 @@ def step_cost(config, seq_len: int, hw: Hardware, sp: int, checkpointing: bool, 
     share where priced (an unpriced one adds nothing: the plan says so), plus AutoTP's replicated LM head."""
     share = collective_share(config, seq_len, hw, sp, checkpointing, tp)
     return (CHECKPOINTING_COST if checkpointing else 1.0) + (share or 0.0) + replicated_head_share(config, seq_len, tp)
+
+
+def network_rate(hw: Hardware) -> float | None:
+    """Bytes per second one GPU sends across nodes: `--network-gbps` x `LINK_EFFICIENCY`; None unknown."""
+    return None if hw.network_gbps is None else hw.network_gbps * 1e9 * LINK_EFFICIENCY
+
+
+def flop_seconds(config, seq_len: int, hw: Hardware) -> float:
+    """One GPU's seconds for a token's model FLOPs at the MFU."""
+    return flops_per_token(config, seq_len) / (hw.peak_tflops * 1e12 * hw.mfu)
+
+
+def micro_compute_seconds(config, seq_len: int, hw: Hardware, fit, sp: int, tp: int) -> float:
+    """A micro-step's compute on one GPU (its FLOPs at the MFU, the recompute and AutoTP's whole LM head included):
+    what the network traffic of that micro-step can hide behind."""
+    _, checkpointing, micro = fit
+    flops = (CHECKPOINTING_COST if checkpointing else 1.0) + replicated_head_share(config, seq_len, tp)
+    return micro * seq_len / (sp * tp) * flop_seconds(config, seq_len, hw) * flops
+
+
+def network_share(config, seq_len: int, hw: Hardware, fit, sp: int, tp: int, micro: int, accum: int) -> float | None:
+    """The data-parallel traffic's time across nodes that the compute does not hide (`network.py`), over the model
+    FLOPs' time, at micro-batch `micro` x `accum`: 0 on one node, None where the network is unknown."""
+    if hw.nodes == 1:
+        return 0.0
+    rate = network_rate(hw)
+    if rate is None:
+        return None
+    strategy, checkpointing, _ = fit
+    traffic = data_parallel_traffic(config, strategy.name, hw.precision, hw.world, tp)
+    compute = micro_compute_seconds(config, seq_len, hw, (strategy, checkpointing, micro), sp, tp)
+    exposed = traffic.exposed_seconds(rate, compute, accum)
+    return exposed / (micro * accum * seq_len / (sp * tp) * flop_seconds(config, seq_len, hw))
+
+
+def network_words(config, seq_len: int, hw: Hardware, fit, sp: int, tp: int, accum: int) -> str:
+    """What one GPU sends across nodes per micro-step and per optimizer step, and what of it the compute hides."""
+    strategy = fit[0]
+    traffic = data_parallel_traffic(config, strategy.name, hw.precision, hw.world, tp)
+    rate, compute = network_rate(hw), micro_compute_seconds(config, seq_len, hw, fit, sp, tp)
+    parts = []
+    if traffic.micro_step:
+        seconds = traffic.micro_step / rate
+        hidden = "hidden" if seconds <= compute else f"{seconds - compute:.2f} s exposed, x {accum} micro-steps"
+        parts.append(f"{traffic.micro_step / GiB:,.1f} GiB a micro-step, {seconds:.2f} s against {compute:.2f} s of "
+                     f"compute: {hidden}")  # fmt: skip
+    if traffic.step:
+        parts.append(f"{traffic.step / GiB:,.1f} GiB a step after the backward, {traffic.step / rate:.2f} s")
+    return f"per GPU over {traffic.ranks} ranks {' + '.join(parts) or 'nothing'}"
 
 
 def _estimate(
@@ -623,11 +710,14 @@ def weigh_sp(config, request: PlanRequest, hw: Hardware, usable: float, fit) -> 
             "dense mask, which computes the whole s x s where FlashAttention skips outside the window"
         )
     if hw.nodes > 1:
+        if network_rate(hw) is not None:
+            return None, None  # weighed with the network priced (`weigh_across_nodes`)
         return None, (
             f"{recompute}; Ulysses SP without it is not weighed over {hw.nodes} nodes: ZeRO-3's weight gathers, with "
-            "SP's fewer tokens per GPU and micro-step, would cross the network between nodes, not priced here; "
-            "nor is DeepSpeed AutoTP with ZeRO-1 weighed against ZeRO-3 (its all-reduces within a node against "
-            "ZeRO-3's gathers across nodes): it is planned only where nothing else fits"
+            "SP's fewer tokens per GPU and micro-step, would cross the network between nodes, whose bandwidth is "
+            "not given; nor is DeepSpeed AutoTP with ZeRO-1 weighed against ZeRO-3 (its all-reduces within a node "
+            "against ZeRO-3's gathers across nodes): it is planned only where nothing else fits; pass "
+            f"--network-gbps to weigh them ({NETWORK_EXAMPLE})"
         )
     zero3 = STRATEGIES["zero3"]
     fits = [(sp, m) for sp in degrees if (m := largest_micro_batch(config, zero3, hw, seq, usable, False, sp))]
@@ -732,6 +822,104 @@ def resize_for_recompute(request: PlanRequest, hw: Hardware, config, budget: dic
     return optimal, _fit(optimal, request, hw, budget, usable), None
 
 
+def micro_and_accumulation(max_micro: int, per_gpu: int) -> tuple[int, int]:
+    """The micro-batch (the largest power of two within memory and the rows wanted) and the accumulation steps that
+    make up the rows each data-parallel group wants per optimizer step."""
+    micro = 2 ** int(math.log2(min(max_micro, per_gpu)))
+    return micro, max(1, round(per_gpu / micro))
+
+
+def size_batch(config, budget: dict, hw: Hardware, seq_len: int, fit, sp: int, tp: int):
+    """(tokens, DeepSeek's C, B_opt, micro-batch, accumulation) of a fit. The network's exposed time depends on the
+    micro-batch, so an hours budget is spent again with it once the batch is known (the batch kept: B_opt moves by
+    C^0.33, far less than a step)."""
+    _, checkpointing, max_micro = fit
+    fpt, groups = flops_per_token(config, seq_len), hw.world // (sp * tp)
+    base = step_cost(config, seq_len, hw, sp, checkpointing, tp)
+    tokens = budget_tokens(budget, fpt, base)
+    compute, batch_opt, per_gpu = sequences_per_gpu(config, tokens, seq_len, groups)
+    micro, accum = micro_and_accumulation(max_micro, per_gpu)
+    exposed = network_share(config, seq_len, hw, fit, sp, tp, micro, accum)
+    if exposed and budget["kind"] == "hours":
+        tokens = budget_tokens(budget, fpt, base + exposed)
+        compute, batch_opt, _ = sequences_per_gpu(config, tokens, seq_len, groups)
+    return tokens, compute, batch_opt, micro, accum
+
+
+def across_node_options(config, request: PlanRequest, hw: Hardware, usable: float, current) -> list[tuple]:
+    """(fit, sp, tp) to weigh across nodes: the plan so far; per Ulysses SP degree ZeRO-3 + SP (without
+    checkpointing if it fits, else with), unless SP cannot run it or the model has windows (SDPA's dense masks, not
+    priced in time); per AutoTP degree ZeRO-1 + TP likewise, even head splits only where any fits. None of them
+    where the node's link is unknown: their all-to-all / all-reduce would weigh nothing."""
+    seq, options = request.seq_len, [current]
+    if link_rate(hw) is None:
+        return options
+
+    def first_fit(strategy: Strategy, sp: int, tp: int):
+        for checkpointing in (False, True):
+            micro = largest_micro_batch(config, strategy, hw, seq, usable, checkpointing, sp, tp)
+            if micro:
+                return (strategy, checkpointing, micro), sp, tp
+        return None
+
+    if not sp_blocker(config, request.sharding) and SLIDING not in (config.layer_types or []):
+        options += [first_fit(STRATEGIES["zero3"], sp, 1) for sp in sp_degrees(config, hw, seq)]
+    if not tp_blocker(request, hw):
+        tps = [first_fit(STRATEGIES["zero1_tp"], 1, tp) for tp in tp_degrees(config, hw)]
+        even = [o for o in tps if o and splits_heads(config, o[2])]
+        options += even or tps
+    unique = []
+    for option in options:
+        if option and option not in unique:
+            unique.append(option)
+    return unique
+
+
+def option_label(option) -> str:
+    (strategy, checkpointing, _), sp, tp = option
+    name = f"Ulysses SP {sp} ({strategy.label})" if sp > 1 else f"AutoTP {tp} ({strategy.label})" if tp > 1 else None
+    return f"{name or strategy.label}, checkpointing {'on' if checkpointing else 'off'}"
+
+
+def weigh_across_nodes(config, request: PlanRequest, hw: Hardware, usable: float, budget: dict, current):
+    """((fit, sp, tp), why, changed): of the plan so far and the AutoTP / Ulysses SP options inside a node
+    (`across_node_options`), the highest tokens/s with the data-parallel traffic across nodes priced
+    (`network.py`; the NVLink collectives and AutoTP's whole LM head as elsewhere)."""
+    seq, rate = request.seq_len, network_rate(hw)
+    scored = []
+    for option in across_node_options(config, request, hw, usable, current):
+        fit, sp, tp = option
+        *_, micro, accum = size_batch(config, budget, hw, seq, fit, sp, tp)
+        cost = step_cost(config, seq, hw, sp, fit[1], tp) + network_share(config, seq, hw, fit, sp, tp, micro, accum)
+        tokens_per_s = hw.sustained_flops / (flops_per_token(config, seq) * cost)
+        fitted = (fit[0], fit[1], micro)
+        words = network_words(config, seq, hw, fitted, sp, tp, accum)
+        scored.append((tokens_per_s, option, f"{option_label(option)}: {tokens_per_s / 1e3:,.1f}k tokens/s ({words})"))
+    best = max(scored, key=lambda s: s[0])
+    others = "; ".join(text for _, option, text in scored if option != best[1])
+    head = (
+        f"across {hw.nodes} nodes at {hw.network_gbps:g} GB/s each way per GPU ({hw.network_source}, x "
+        f"{LINK_EFFICIENCY:g} = {rate / 1e9:g} GB/s; a micro-step's data-parallel traffic hides behind its compute)"
+    )
+    why = f"weighed {head}: {best[2]}, the highest; against {others}" if others else f"priced {head}: {best[2]}"
+    if hw.gpus_per_node > 1 and link_rate(hw) is None:
+        why += f"; AutoTP and Ulysses SP inside a node not weighed: their collectives are not priced ({hw.link_source})"
+    return best[1], why, best[1] != current
+
+
+def chosen_reasons(config, hw: Hardware, seq_len: int, fit, sp: int, tp: int) -> tuple[str | None, str | None]:
+    """(sp_reason, tp_reason) of an option the weighing across nodes chose over the plan so far."""
+    if tp > 1:
+        return None, tp_reason(config, hw, seq_len, tp, fit[1])
+    if sp > 1:
+        return (
+            f"Ulysses SP {sp} (ZeRO-3), checkpointing {'on' if fit[1] else 'off'}, chosen across nodes (the network "
+            f"row): each GPU holds {seq_len // sp} tokens of every row and "
+            + all_to_all_words(config, seq_len, hw, sp, fit[1])
+        ), None
+    return None, None
+
+
 def make_plan(request: PlanRequest) -> Plan:
     hw = resolve_hardware(request)
     config, budget = choose_model(request, hw)
@@ -750,13 +938,14 @@ def make_plan(request: PlanRequest) -> Plan:
             chosen, why = weigh_sp(config, request, hw, usable, fit) if fit[1] else (None, None)
         if chosen is not None:
             *fit, sp = chosen
-    strategy, checkpointing, max_micro = fit
-    fpt = flops_per_token(config, seq)
-    tokens = budget_tokens(budget, fpt, step_cost(config, seq, hw, sp, checkpointing, tp))
+    net_why = None
+    if hw.nodes > 1 and network_rate(hw) is not None:  # ZeRO-3 across nodes against AutoTP / SP inside a node
+        (fit, sp, tp), net_why, changed = weigh_across_nodes(config, request, hw, usable, budget, (tuple(fit), sp, tp))
+        if changed:
+            why, tp_why = chosen_reasons(config, hw, seq, fit, sp, tp)
+    strategy, checkpointing, _ = fit
+    tokens, compute, batch_opt, micro, accum = size_batch(config, budget, hw, seq, fit, sp, tp)
     groups = hw.world // (sp * tp)  # data-parallel groups: each trains its own rows
-    compute, batch_opt, per_gpu = sequences_per_gpu(config, tokens, seq, groups)
-    micro = 2 ** int(math.log2(min(max_micro, per_gpu)))
-    accum = max(1, round(per_gpu / micro))
     global_tokens = groups * micro * accum * seq
     steps = round(tokens / global_tokens)
     if steps < 1:
@@ -793,6 +982,7 @@ def make_plan(request: PlanRequest) -> Plan:
         sp_reason=why,
         tp=tp,
         tp_reason=tp_why,
+        network_reason=net_why,
     )
     state = plan.memory.parameters + plan.memory.optimizer_states  # what one rank's checkpoint stages
     measured = run_resilience(request.goodput_from) if request.goodput_from else None
@@ -871,6 +1061,13 @@ def warnings_for(plan: Plan) -> list[str]:
         out.append(
             f"warmup is {warmup_steps:.1f} optimizer step(s) of {plan.steps} (0.8 % of the tokens, at least one "
             "step): a very short run"
+        )
+    if plan.hardware.nodes > 1 and plan.network_share is None:
+        out.append(
+            f"multi-node communication is not weighed: the network between the {plan.hardware.nodes} nodes is "
+            "unavailable (not zero), so the data-parallel traffic across nodes is not in the predicted tokens/s and "
+            "AutoTP / Ulysses SP inside a node are not weighed against ZeRO-3 across nodes; pass --network-gbps "
+            f"({NETWORK_EXAMPLE})"
         )
     if plan.hardware.nodes > 1:
         out.append("multi-node: set main_process_ip in accelerate_config.yaml and run launch.sh on every node")
