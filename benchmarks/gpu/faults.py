@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from hf_pretrain.telemetry.straggler import timed_linears
+
 SLEEP_CYCLES = 50_000_000  # about 25-50 ms on current GPUs: long enough that launch latency is noise
 
 
@@ -42,9 +44,11 @@ def device_sleep(seconds: float, device: torch.device | None = None) -> None:
 def slow_linears(model: torch.nn.Module, rank: int, seconds: float, device: torch.device | str | None = None) -> int:
     """Make the process of global `rank` slower by `seconds` per forward of `model`, spread over its linears.
 
-    A forward hook on every `nn.Linear` but the output embedding (the layers the straggler callback times) adds
-    `seconds / n` of device sleep (GPU) or host spinning (CPU) after the matmul. Registered before training,
-    each hook runs inside the callback's per-linear window. Returns how many linears were slowed (0 on the
+    A forward hook on every layer the straggler callback times (`timed_linears`: the linears but the output
+    embedding; under AutoTP the column-parallel ones, which DeepSpeed puts in place of the model's linears, so
+    register it once they are in place: at train begin) adds
+    `seconds / n` of device sleep (GPU) or host spinning (CPU) after the matmul. Registered before the training
+    steps, each hook runs inside the callback's per-linear window. Returns how many linears were slowed (0 on the
     other ranks).
 
     `device`: where the model will train (default: where its weights are now). On a CUDA device the sleep kernel
@@ -53,14 +57,15 @@ def slow_linears(model: torch.nn.Module, rank: int, seconds: float, device: torc
     read the sleep as longer than it is, and so slow this rank by less than `seconds`."""
     if seconds <= 0 or int(os.environ.get("RANK", "0")) != rank:
         return 0
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    linears = timed_linears(model)
     each = seconds / len(linears)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     cycles = int(sleep_cycles_per_second(device.index or 0) * each) if device.type == "cuda" else 0
 
     def slow(module, args, output):
-        if module.weight.device.type == "cuda":
+        # the output's device, not the weight's: under ZeRO-3 reading a released weight in a forward gathers it,
+        # a collective on this rank alone (the others hang or mismatch)
+        if output.device.type == "cuda":
             torch.cuda._sleep(cycles)
             return
         end = time.thread_time() + each

@@ -13,22 +13,33 @@ step or more later so that nothing stalls; the host clock on a CPU):
 - `wait_s` = `step_s` - the wall time of those compute windows: blocked in collectives, the
   optimizer, the token-count gathers (on a GPU `compute_s + wait_s = step_s`; on a CPU the time it
   was preempted inside its compute is in neither);
-- `local_s`: the forward time of its linear layers (`nn.Linear`, torchao's and Transformer Engine's
-  low-precision ones), each timed on its own (a pre- and a post-forward hook per linear), summed,
-  on the last `LOCAL_SAMPLES` (3) steps of each exchange window only: the hooks are registered
-  for those steps and removed after them, so the other steps pay nothing for them
-  (benchmarks/telemetry_overhead.py measures what all callbacks cost). No engine puts a
-  collective *inside* a linear's forward: DeepSpeed ZeRO-3 and FSDP gather a module's weights in
-  hooks that run before ours, DDP and ZeRO-1/2 communicate in backward or the optimizer. So
-  `local_s` is this rank's own matmul work under every engine, never a wait;
+- `local_s`: the forward time of its linear layers whose forward holds no collective (`_is_linear`),
+  each timed on its own (a pre- and a post-forward hook per linear), summed, on the last
+  `LOCAL_SAMPLES` (3) steps of each exchange window only: the hooks are registered for those steps
+  and removed after them, so the other steps pay nothing for them
+  (benchmarks/telemetry_overhead.py measures what all callbacks cost). Which layers:
+  `nn.Linear` and torchao's and Transformer Engine's low-precision ones: DeepSpeed ZeRO-3 and FSDP
+  gather a module's weights in hooks that run before ours, DDP and ZeRO-1/2 communicate in
+  backward or the optimizer. DeepSpeed AutoTP puts its own layers in place of the model's linears
+  (deepspeed/module_inject/layers.py, none an `nn.Linear`): the column-parallel `LinearLayer`
+  (q/k/v, gate, up) has no collective in its forward (its all-reduce is the input gradient's, in
+  backward) and is timed; the row-parallel `LinearAllreduce` (o, down) all-reduces its partial sums
+  *inside* its forward, so its time holds the wait for the slowest rank of the TP group, and is
+  not; nor a `LinearLayer` with `gather_output` (an all-gather in forward). So `local_s` is this
+  rank's own matmul work under every engine, never a wait (under AutoTP that of 5 of the 7 linears
+  of a layer);
 - `data_wait_s`: from the end of the previous step to the start of this one (the data loader, the
   previous step's logging, evaluation or saving), on the device clock: time the device idled.
 
 The rule that names the slow rank, and why it reads two compute measures: `straggler_rule.py`.
-The rule compares every rank with every other, which holds under Ulysses sequence parallelism too: the ranks of an
-SP group train equal shards of the same rows (the same matmuls, the attention of equally many heads over the whole
-sequence) and wait for each other in every attention's all-to-all, so an SP group's ranks do equal work, as DP
-ranks do; a slow one shows as the others' `wait_s`.
+The rule compares every rank with every other, which holds under Ulysses sequence parallelism and AutoTP too, both
+DeepSpeed engines (so judged on `local_s`). The ranks of an SP group train equal shards of the same rows (the same
+matmuls, the attention of equally many heads over the whole sequence) and wait for each other in every attention's
+all-to-all; the ranks of a TP group train the same batch on their shard of each linear (equal where heads and MLP
+columns divide by the TP size) and wait for each other in every row-parallel all-reduce, in forward and backward.
+So both do equal work, as data-parallel ranks do, and a slow one shows in its own `local_s` while the others' wait
+sits inside their collectives. Tested on 2 gloo ranks (tests/telemetry/test_straggler.py): AutoTP=2 and SP=2 name
+the rank slowed inside its linears and stay quiet with none slowed.
 
 Logs at the next logging step after an exchange (rank 0's logs carry every rank):
 `compute_s`, `local_s`, `wait_s`, `data_wait_s`, `step_s` (this rank's medians),
@@ -46,6 +57,7 @@ from __future__ import annotations
 
 import socket
 import statistics
+import sys
 
 import torch
 import torch.distributed as dist
@@ -85,11 +97,25 @@ def _hook_ddp(model) -> bool:
 
 
 def _is_linear(module) -> bool:
-    """`nn.Linear` and its subclasses (torchao's Float8Linear), and Transformer Engine's `Linear`."""
+    """A linear layer whose forward holds no collective: `nn.Linear` and its subclasses (torchao's Float8Linear),
+    Transformer Engine's `Linear`, and DeepSpeed AutoTP's column-parallel layers (module docstring)."""
     kind = type(module)
-    return isinstance(module, torch.nn.Linear) or (
+    if isinstance(module, torch.nn.Linear) or (
         kind.__name__ == "Linear" and kind.__module__.startswith("transformer_engine")
-    )
+    ):
+        return True
+    autotp = sys.modules.get("deepspeed.module_inject.layers")  # loaded wherever DeepSpeed built AutoTP's layers
+    if autotp is None:
+        return False
+    column = tuple(getattr(autotp, name) for name in ("LinearLayer", "SubParamLinearLayer") if hasattr(autotp, name))
+    return isinstance(module, column) and not getattr(module, "gather_output", False)
+
+
+def timed_linears(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The layers whose forward `local_s` times (and `benchmarks/gpu/faults.py` slows): every `_is_linear` but the
+    LM head, whose hook would turn off the chunked loss (modeling/loss.py), which never calls it."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return [module for module in model.modules() if _is_linear(module) and module is not head]
 
 
 def _compiled(trainer, model) -> bool:
@@ -153,9 +179,7 @@ class StragglerCallback(PretrainCallback):
         """The linears whose forward `local_s` times: none under torch.compile (hooks would break its graph)."""
         if model is None or _compiled(self.trainer, wrapped):
             return []
-        # Not the LM head: a hook there would turn off the chunked loss (modeling/loss.py), which never calls it.
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        return [module for module in model.modules() if _is_linear(module) and module is not head]
+        return timed_linears(model)
 
     def times_linears(self, step: int) -> bool:
         """Whether optimizer step `step` (1-based) times its linears: the last `LOCAL_SAMPLES` of each window."""

@@ -5,14 +5,15 @@ its own host slower: its slowness appears as *wait* on every other rank. Device 
 DDP: the fast ranks' events stop at their last bucket while the slow rank's run to its own. Under
 DeepSpeed and FSDP there is no such hook, and every collective inside forward/backward (ZeRO-3's
 and FSDP's parameter all-gathers, ZeRO-2's reduce-scatters, the all-gather after ZeRO-1/2's
-optimizer, which DeepSpeed runs inside `backward`) makes each rank wait for the slowest *inside*
+optimizer, which DeepSpeed runs inside `backward`, AutoTP's row-parallel all-reduces, Ulysses'
+all-to-alls) makes each rank wait for the slowest *inside*
 its micro-batch: `compute_s` comes out equal on all ranks and can never name one. There the rule
 reads `local_s` instead.
 
 The rule (`straggler_report`, one function for every engine; rows from every rank). Every `every`
 steps the ranks exchange their window's medians with their SM clock, power, utilization, throttle
-reasons and memory (one small all_gather). If every rank's `compute_s` is its own work (CPU
-ranks, DDP with the bucket hook, one process) the score of a rank is the best `compute_s` / its
+reasons and memory (one small all_gather). If every rank's `compute_s` is its own work (DDP
+with the bucket hook, one process) the score of a rank is the best `compute_s` / its
 own; else the best `local_s` / its own. A rank with a score below `threshold` (0.75) is a
 straggler: "rank 1 (node-b) 1.8x slower, SM 600/2190 MHz, 30 W, no throttle flag; rank 0 waits
 3.3 s of 7.2 s" (the waits where they are measured). An under-clocked rank (the one rule of

@@ -1,18 +1,36 @@
-"""Launched by test_straggler.py (torchrun for DDP, `accelerate launch` for ZeRO-3 and FSDP2): a short CPU run
-with the telemetry callbacks on, one rank slowed inside its linears (benchmarks/gpu/faults.py)."""
+"""Launched by test_straggler.py (torchrun for DDP, AutoTP and SP, `accelerate launch` for ZeRO-3 and FSDP2): a short
+CPU run with the telemetry callbacks on, one rank slowed inside its linears (benchmarks/gpu/faults.py).
+
+Engines: `ddp`, `zero3` (ds_configs/zero3.json), `fsdp2` (from the accelerate config), `autotp` (AutoTP=2 under
+ZeRO-1, ds_configs/zero1_autotp.json), `sp` (Ulysses SP=2 under ZeRO-3). The slow rank's hooks go on at train begin,
+once DeepSpeed has put its own layers in place of the linears (AutoTP), and before the callback's per-step hooks."""
 
 import sys
 from pathlib import Path
 
 import torch
+from accelerate import ParallelismConfig
 from datasets import Dataset
+from transformers import TrainerCallback
 
 from benchmarks.gpu.faults import slow_linears
 from hf_pretrain import PretrainForCausalLM, PretrainingArguments, PretrainTrainer
 from hf_pretrain.data import PackedDocumentCollator
 from hf_pretrain.presets import get_preset
 
-ZERO3 = Path(__file__).resolve().parents[2] / "ds_configs" / "zero3.json"
+CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"
+DEEPSPEED = {"zero3": CONFIGS / "zero3.json", "sp": CONFIGS / "zero3.json", "autotp": CONFIGS / "zero1_autotp.json"}
+
+
+class SlowRank(TrainerCallback):
+    """`slow_linears` on the model as it trains: "RANK:SECONDS" per forward, inside the linears."""
+
+    def __init__(self, slow: str):
+        rank, _, seconds = slow.partition(":")
+        self.rank, self.seconds = int(rank), float(seconds)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        slow_linears(model, self.rank, self.seconds)
 
 
 def main(
@@ -39,18 +57,16 @@ def main(
         disable_tqdm=True,
         measure_peak_tflops=False,
         seed=0,
-        deepspeed=str(ZERO3) if engine == "zero3" else None,  # FSDP2 comes from the accelerate config
+        deepspeed=str(DEEPSPEED[engine]) if engine in DEEPSPEED else None,  # FSDP2 comes from the accelerate config
+        parallelism_config=ParallelismConfig(sp_size=2) if engine == "sp" else None,
     )
     config = get_preset("tiny", vocab_size=512, num_hidden_layers=2)
-    model = PretrainForCausalLM(config)
-    if slow:  # "RANK:SECONDS" per forward, inside the linears
-        rank, _, seconds = slow.partition(":")
-        slow_linears(model, int(rank), float(seconds))
     trainer = PretrainTrainer(
-        model=model,
+        model=PretrainForCausalLM(config),
         args=args,
         train_dataset=Dataset.from_dict({"input_ids": ids.tolist()}),
         data_collator=PackedDocumentCollator(1),
+        callbacks=[SlowRank(slow)] if slow else None,
     )
     trainer.train()
     trainer.accelerator.wait_for_everyone()  # no rank leaves while another still talks to it

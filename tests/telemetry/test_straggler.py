@@ -176,15 +176,16 @@ def test_each_linear_forward_is_timed_on_the_sampled_steps_only():
 
 
 def launch(tmp_path, nproc, slow=None, accumulation=1, threshold=0.75, steps=8, every=4, engine="ddp"):
-    """straggler_run.py on `nproc` CPU ranks: torchrun for DDP, `accelerate launch` with the CPU configs for
-    ZeRO-3 (cpu_2proc.yaml + ds_configs/zero3.json) and FSDP2 (cpu_2proc_fsdp2.yaml)."""
+    """straggler_run.py on `nproc` CPU ranks: torchrun for DDP, AutoTP and SP (the DeepSpeed config and the SP size
+    are arguments there, as in tests/distributed/), `accelerate launch` with the CPU configs for ZeRO-3
+    (cpu_2proc.yaml + ds_configs/zero3.json) and FSDP2 (cpu_2proc_fsdp2.yaml)."""
     root = HERE.parents[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(root)}
     with socket.socket() as s:  # a free port for the rendezvous (torchrun's static rendezvous refuses port 0)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     script = [str(tmp_path), slow or "", str(accumulation), str(threshold), str(steps), str(every), engine]
-    if engine == "ddp":
+    if engine not in ("zero3", "fsdp2"):  # DDP, AutoTP, SP
         launcher = ["torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={port}"]
         cmd = [sys.executable, "-m", *launcher, "-m", "tests.telemetry.straggler_run", *script]
     else:
@@ -253,3 +254,37 @@ def test_two_balanced_cpu_ranks_and_one_process_are_quiet(tmp_path):
     # one process waits for nobody: what is not compute is the optimizer step and callbacks (a few ms; more on a
     # busy machine), never most of the step
     assert one["straggler_score_min"] == 1.0 and one["wait_s"] < 0.5 * one["step_s"] and "rank1_score" not in one
+
+
+TP_SP = ["autotp", pytest.param("sp", marks=pytest.mark.exhaustive)]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("engine", TP_SP)
+def test_under_tensor_and_sequence_parallelism_the_rank_slow_in_its_linears_is_named(tmp_path, engine):
+    """AutoTP=2 (ZeRO-1) and Ulysses SP=2 (ZeRO-3) on 2 gloo ranks: one group whose ranks train equal shards of one
+    batch and wait for each other inside forward (AutoTP's row-parallel all-reduce, Ulysses' all-to-all). The rule
+    reads `local_s`: under AutoTP the column-parallel layers DeepSpeed put in place of q/k/v, gate and up (no
+    collective in their forward), under SP the plain linears."""
+    records, proc = launch(tmp_path, 2, slow="1:0.1", engine=engine)
+    flagged = [r for r in records if "straggler_warning" in r]
+    assert flagged, records
+    first = flagged[0]
+    assert first["straggler_slowest_rank"] == 1 and first["straggler_warning"].startswith("rank 1 (")
+    assert "in its forward matmuls" in first["straggler_warning"]
+    assert first["rank1_score"] == pytest.approx(first["rank0_local_s"] / first["rank1_local_s"])  # equal shards
+    assert first["rank1_score"] < 0.75 <= first["rank0_score"]
+    assert first["rank1_local_s"] - first["rank0_local_s"] == pytest.approx(0.1, rel=0.5)
+    assert "straggler at step" in proc.stderr + proc.stdout
+
+
+@pytest.mark.distributed
+@pytest.mark.exhaustive  # make test: the slowed rank named under AutoTP (above)
+@pytest.mark.parametrize("engine", ["autotp", "sp"])
+def test_under_tensor_and_sequence_parallelism_equal_ranks_are_quiet(tmp_path, engine):
+    """Nobody slowed: no warning at the threshold of the DDP case (0.5: jitter is not half speed), every rank scored
+    on its linears."""
+    records, _ = launch(tmp_path, 2, threshold=0.5, engine=engine)
+    logs = [r for r in records if "straggler_score_min" in r]
+    assert logs and all("straggler_warning" not in r for r in records), logs
+    assert all(r["rank0_local_s"] > 0 and r["rank1_local_s"] > 0 for r in logs)  # scored on the linears
