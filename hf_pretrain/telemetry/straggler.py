@@ -17,7 +17,8 @@ step or more later so that nothing stalls; the host clock on a CPU):
   each timed on its own (a pre- and a post-forward hook per linear), summed, on the last
   `LOCAL_SAMPLES` (3) steps of each exchange window only: the hooks are registered for those steps
   and removed after them, so the other steps pay nothing for them
-  (benchmarks/telemetry_overhead.py measures what all callbacks cost). Which layers:
+  (benchmarks/telemetry_overhead.py measures what all callbacks cost); with it `local_work`, the
+  multiply-adds those forwards did (rows x in x out, read off the shapes). Which layers:
   `nn.Linear` and torchao's and Transformer Engine's low-precision ones: DeepSpeed ZeRO-3 and FSDP
   gather a module's weights in hooks that run before ours, DDP and ZeRO-1/2 communicate in
   backward or the optimizer. DeepSpeed AutoTP puts its own layers in place of the model's linears
@@ -38,8 +39,10 @@ matmuls, the attention of equally many heads over the whole sequence) and wait f
 all-to-all; the ranks of a TP group train the same batch on their shard of each linear (equal where heads and MLP
 columns divide by the TP size) and wait for each other in every row-parallel all-reduce, in forward and backward.
 So both do equal work, as data-parallel ranks do, and a slow one shows in its own `local_s` while the others' wait
-sits inside their collectives. Tested on 2 gloo ranks (tests/telemetry/test_straggler.py): AutoTP=2 and SP=2 name
-the rank slowed inside its linears and stay quiet with none slowed.
+sits inside their collectives. Where AutoTP splits unevenly (heads or widths that do not divide, KV heads fewer
+than the TP size: ranks past them hold no attention shard) the rule compares seconds per multiply-add instead.
+Tested on 2 gloo ranks (tests/telemetry/test_straggler.py): AutoTP=2 and SP=2 name the rank slowed inside its
+linears and stay quiet with none slowed, an uneven AutoTP split included.
 
 Logs at the next logging step after an exchange (rank 0's logs carry every rank):
 `compute_s`, `local_s`, `wait_s`, `data_wait_s`, `step_s` (this rank's medians),
@@ -163,6 +166,7 @@ class StragglerCallback(PretrainCallback):
         self.steps = PendingIntervals(self.clock)
         self.host = socket.gethostname()
         self.window: dict[str, list[float]] = {k: [] for k in TIMES}
+        self.work: list[int] = []  # multiply-adds of the timed linears, per sampled step
         self._last_end = self._begin = None
         self._ready = None
         self._sampled = False
@@ -198,6 +202,7 @@ class StragglerCallback(PretrainCallback):
         if self._linear_start is not None:
             self._local.append((self._linear_start, self.clock.work_mark()))
             self._linear_start = None
+            self._work += args[0].numel() * output.shape[-1]  # multiply-adds: rows x in x out, from the shapes
 
     def _remove_hooks(self) -> None:
         for handle in self._handles:
@@ -214,7 +219,7 @@ class StragglerCallback(PretrainCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._begin = self.clock.mark()
-        self._micro, self._micro_wall, self._local, self._linear_start = [], [], [], None
+        self._micro, self._micro_wall, self._local, self._linear_start, self._work = [], [], [], None, 0
         self._sampled = bool(self._linears) and self.times_linears(state.global_step + 1)
         if self._sampled:
             self._hook_linears()
@@ -249,6 +254,7 @@ class StragglerCallback(PretrainCallback):
         record["compute_wall"] = self._micro if self.clock.cuda else self._micro_wall  # (one set of events on a GPU)
         if self._sampled:
             record["local"] = self._local
+            self.work.append(self._work)  # known now (shapes); the times once the device has passed them
         if self._last_end is not None:
             record["data_wait"] = (self._last_end, self._begin)
         self.steps.push(record)
@@ -278,6 +284,7 @@ class StragglerCallback(PretrainCallback):
         ):
             row[field] = float(latest.get(key, -1))
         row["reasons"] = reasons_mask(latest.get("gpu_throttle_reasons"))
+        row["local_work"] = float(statistics.median(self.work)) if self.work else 0.0
         row["wait_free"] = float(self.wait_free)
         row["steps"] = float(len(self.window["step_s"]))
         return row
@@ -292,7 +299,7 @@ class StragglerCallback(PretrainCallback):
             rows = [dict(zip(FIELDS, t.tolist())) for t in gathered]
         if min(r["steps"] for r in rows) == 0:  # some rank has no step read yet (GPU events pending): next time
             return
-        self.window = {k: [] for k in self.window}
+        self.window, self.work = {k: [] for k in self.window}, []
         metrics, warning = straggler_report(rows, self.hosts, self.threshold)
         metrics.update({k: local[k] for k in TIMES})
         if warning:

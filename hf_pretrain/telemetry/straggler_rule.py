@@ -14,7 +14,14 @@ The rule (`straggler_report`, one function for every engine; rows from every ran
 steps the ranks exchange their window's medians with their SM clock, power, utilization, throttle
 reasons and memory (one small all_gather). If every rank's `compute_s` is its own work (DDP
 with the bucket hook, one process) the score of a rank is the best `compute_s` / its
-own; else the best `local_s` / its own. A rank with a score below `threshold` (0.75) is a
+own; else the best `local_s` / its own, per multiply-add (`local_work`) where every rank counted
+them: ranks holding unequal shards of the linears (AutoTP's uneven splits) do unequal work, and
+a rank with 1.5x the matmuls is not slow for taking longer. Equal shards (every other engine, an
+even split) leave the ratio as it was. The per-call overhead of small matmuls does not scale with
+their size: at the tests' width of 128 on a CPU a rank with 1.5x the multiply-adds took about as
+long, so per multiply-add the other looked slow (a score of 0.54 once in two windows); at 512 the
+time followed the multiply-adds (raw scores 0.74 and 0.62, per multiply-add 0.90 and 0.93), as
+large matmuls on a GPU should (not measured on one). A rank with a score below `threshold` (0.75) is a
 straggler: "rank 1 (node-b) 1.8x slower, SM 600/2190 MHz, 30 W, no throttle flag; rank 0 waits
 3.3 s of 7.2 s" (the waits where they are measured). An under-clocked rank (the one rule of
 `underclock.py`, on its gathered reading) is reported by rank 0 as well, so a problem on any rank
@@ -35,7 +42,8 @@ TIMES = ("compute_s", "local_s", "wait_s", "data_wait_s", "step_s")
 SENSORS = ("sm_clock_mhz", "sm_clock_max_mhz", "power_w", "utilization_pct", "memory_gib")
 # wait_free: 1 when compute_s is this rank's own work (no collective inside it); reasons: NVML's mask, -1 unknown;
 # steps: how many timed steps the medians cover (0 on a GPU whose first steps are not read yet: no verdict then)
-FIELDS = (*TIMES, *SENSORS, "reasons", "wait_free", "steps")
+# local_work: the multiply-adds `local_s` timed (0: none timed, or a row from before it was gathered)
+FIELDS = (*TIMES, *SENSORS, "reasons", "wait_free", "steps", "local_work")
 REASON_BITS = {name: bit for bit, name in THROTTLE_REASONS.items()}
 
 
@@ -51,9 +59,12 @@ def straggler_basis(rows: list[dict]) -> str:
 
 
 def straggler_scores(rows: list[dict]) -> tuple[list[float], str]:
-    """Per rank: the best rank's time / its own, on the basis of `straggler_basis`; and the basis."""
+    """Per rank: the best rank's time / its own, on the basis of `straggler_basis`; and the basis. On `local`, each
+    rank's seconds per multiply-add of its timed linears where every rank counted them (shards of unequal width)."""
     basis = straggler_basis(rows)
     values = [r[f"{basis}_s"] for r in rows]
+    if basis == "local" and all(r.get("local_work", 0) > 0 for r in rows):
+        values = [r["local_s"] / r["local_work"] for r in rows]
     best = min(values)
     if best <= 0:  # a rank without a timed step: nothing to compare
         return [1.0] * len(rows), basis

@@ -2,7 +2,9 @@
 CPU run with the telemetry callbacks on, one rank slowed inside its linears (benchmarks/gpu/faults.py).
 
 Engines: `ddp`, `zero3` (ds_configs/zero3.json), `fsdp2` (from the accelerate config), `autotp` (AutoTP=2 under
-ZeRO-1, ds_configs/zero1_autotp.json), `sp` (Ulysses SP=2 under ZeRO-3). The slow rank's hooks go on at train begin,
+ZeRO-1, ds_configs/zero1_autotp.json), `sp` (Ulysses SP=2 under ZeRO-3), and `autotp-uneven`: AutoTP=2 of a model
+with one KV head (rank 0 holds all of q/k/v, rank 1 none: 1.5x rank 1's multiply-adds) at widths 512/1536, where
+the matmuls outweigh the per-call overhead as they do at real sizes. The slow rank's hooks go on at train begin,
 once DeepSpeed has put its own layers in place of the linears (AutoTP), and before the callback's per-step hooks."""
 
 import sys
@@ -19,7 +21,9 @@ from hf_pretrain.data import PackedDocumentCollator
 from hf_pretrain.presets import get_preset
 
 CONFIGS = Path(__file__).resolve().parents[2] / "ds_configs"
-DEEPSPEED = {"zero3": CONFIGS / "zero3.json", "sp": CONFIGS / "zero3.json", "autotp": CONFIGS / "zero1_autotp.json"}
+AUTOTP = CONFIGS / "zero1_autotp.json"
+DEEPSPEED = {"zero3": CONFIGS / "zero3.json", "sp": CONFIGS / "zero3.json", "autotp": AUTOTP, "autotp-uneven": AUTOTP}
+UNEVEN = dict(num_key_value_heads=1, hidden_size=512, intermediate_size=1536, head_dim=128)
 
 
 class SlowRank(TrainerCallback):
@@ -60,7 +64,7 @@ def main(
         deepspeed=str(DEEPSPEED[engine]) if engine in DEEPSPEED else None,  # FSDP2 comes from the accelerate config
         parallelism_config=ParallelismConfig(sp_size=2) if engine == "sp" else None,
     )
-    config = get_preset("tiny", vocab_size=512, num_hidden_layers=2)
+    config = get_preset("tiny", vocab_size=512, num_hidden_layers=2, **(UNEVEN if engine == "autotp-uneven" else {}))
     trainer = PretrainTrainer(
         model=PretrainForCausalLM(config),
         args=args,

@@ -107,6 +107,22 @@ def test_the_basis_is_compute_only_where_compute_is_each_rank_own_work():
     assert straggler_scores([row(0.0, 0.0, 0.0), row(1.0, 0.1, 1.2)])[0] == [1.0, 1.0]
 
 
+def test_ranks_holding_unequal_shards_are_judged_per_multiply_add():
+    """AutoTP splits heads and MLP columns unevenly where they do not divide (and gives ranks past the KV heads no
+    attention shard): a rank holding twice the work takes twice as long in its linears without being slow."""
+    even = row(1.0, 0.1, 1.2, wait_free=0.0)
+    rows = [{**even, "local_s": 0.02, "local_work": 2e9}, {**even, "local_s": 0.01, "local_work": 1e9}]
+    metrics, warning = straggler_report(rows, ["a", "b"], 0.75)
+    assert warning is None and metrics["straggler_score_min"] == pytest.approx(1.0)
+    # a rank 1.5x slower per multiply-add is named, though its linears took less time than the other's (half the work)
+    slow = [rows[0], {**rows[1], "local_s": 0.015}]
+    metrics, warning = straggler_report(slow, ["a", "b"], 0.75)
+    assert metrics["straggler_slowest_rank"] == 1 and warning.startswith("rank 1 (b) 1.5x slower in its forward")
+    assert metrics["rank1_score"] == pytest.approx(2 / 3)
+    # a row without the count (a rank whose linears were not timed): the raw times, as before
+    assert straggler_scores([rows[0], {**rows[1], "local_work": 0.0}])[0] == pytest.approx([0.5, 1.0])
+
+
 def test_a_gathered_reading_round_trips_to_the_same_underclock_verdict():
     from hf_pretrain.telemetry.sensors import NvmlSensors
     from tests.telemetry.nvml_fixtures import GB10, GB10_STUCK, GB10_STUCK_NO_UTIL, H100_SXM, H200_IDLE, FakeNvml
@@ -133,7 +149,7 @@ def test_each_linear_forward_is_timed_on_the_sampled_steps_only():
     from transformers import TrainerControl, TrainerState
 
     from hf_pretrain import PretrainForCausalLM
-    from hf_pretrain.telemetry.straggler import LOCAL_SAMPLES, StragglerCallback
+    from hf_pretrain.telemetry.straggler import LOCAL_SAMPLES, StragglerCallback, timed_linears
     from tests.conftest import small_config
 
     model = PretrainForCausalLM(small_config())
@@ -164,6 +180,10 @@ def test_each_linear_forward_is_timed_on_the_sampled_steps_only():
     assert samples == [0, 0, 1, 2, 0] and len(local) == 2 and len(compute) == 4
     logged = callback.metrics_for_log(state)  # the exchange at step 5: medians over the sampled steps
     assert 0 < logged["local_s"] < logged["compute_s"] <= logged["step_s"]
+    # the multiply-adds the timed linears did each step: tokens x in x out of every linear but the head
+    macs = sum(ids.numel() * m.in_features * m.out_features for m in timed_linears(model))
+    assert callback.work == [] and callback._local_row()["local_work"] == 0  # emptied by the exchange
+    assert macs > 0 and callback._work == macs
     model(input_ids=ids)  # outside a step (evaluation, generation): not hooked, not timed
     assert len(callback._local) == linears - 1  # unchanged: nothing is timed outside a step
     callback.on_train_end(args, state, control)
@@ -279,12 +299,16 @@ def test_under_tensor_and_sequence_parallelism_the_rank_slow_in_its_linears_is_n
 
 
 @pytest.mark.distributed
-@pytest.mark.exhaustive  # make test: the slowed rank named under AutoTP (above)
-@pytest.mark.parametrize("engine", ["autotp", "sp"])
+@pytest.mark.exhaustive  # make test: the slowed rank named under AutoTP (above), equal and unequal work by the rule
+@pytest.mark.parametrize("engine", ["autotp", "sp", "autotp-uneven"])
 def test_under_tensor_and_sequence_parallelism_equal_ranks_are_quiet(tmp_path, engine):
     """Nobody slowed: no warning at the threshold of the DDP case (0.5: jitter is not half speed), every rank scored
-    on its linears."""
-    records, _ = launch(tmp_path, 2, threshold=0.5, engine=engine)
+    on its linears. `autotp-uneven`: rank 0 holds 1.5x rank 1's multiply-adds (all the attention) and takes longer
+    in its linears (measured 1.35x and 1.6x: raw scores of 0.74 and 0.62), and is not named (0.90 and 0.93 per multiply-add)."""
+    threshold = 0.75 if engine == "autotp-uneven" else 0.5
+    records, _ = launch(tmp_path, 2, threshold=threshold, engine=engine)
     logs = [r for r in records if "straggler_score_min" in r]
     assert logs and all("straggler_warning" not in r for r in records), logs
     assert all(r["rank0_local_s"] > 0 and r["rank1_local_s"] > 0 for r in logs)  # scored on the linears
+    if engine == "autotp-uneven":
+        assert all(r["rank0_local_s"] > r["rank1_local_s"] for r in logs)  # the larger shard takes longer
