@@ -2,14 +2,17 @@
 
 Usage: python tests/distributed/dist_run.py OUTPUT_DIR PER_DEVICE_BATCH [DEEPSPEED_CONFIG|-] [SAVE_STEPS] [resume]
        [--optim NAME] [--gradient_checkpointing] [--sp N] [--tp N] [--cp N] [--own_token_count] [--windows_documents]
-       [--evaluate]
+       [--windows_checkpointing] [--windows_micro_batches N] [--evaluate]
 Writes OUTPUT_DIR/rank-<r>.json: the per-step losses, a checksum of every parameter (gathered under
 ZeRO-3 and FSDP2), the tokens seen and what the throughput callback would price a token at, the memory
 preflight's estimate, the rank's parameter count and, on rank 0, logits of a fixed batch; saves the model to OUTPUT_DIR/model. The
 accelerate config picks DDP or FSDP2 (cpu_2proc.yaml, cpu_2proc_fsdp2.yaml). `--own_token_count`: tokens counted
 by `TokenCounter` (include_num_input_tokens_seen="no") instead of the Trainer's counter. `--windows_documents`:
 then, in the same processes (a second launch would cost its start-up again), the same steps with sliding windows,
-packed documents and MoE layers (`windows_documents`), recorded in OUTPUT_DIR/windows_documents/rank-<r>.json.
+packed documents and MoE layers (`windows_documents`), recorded in OUTPUT_DIR/windows_documents/rank-<r>.json;
+`--windows_checkpointing`: that run with activation checkpointing (the first keeps `--gradient_checkpointing`'s);
+`--windows_micro_batches N`: then that run again in N gradient-accumulation micro-batches of PER_DEVICE/N rows
+(`windows_documents_micro/`): each micro-batch's router losses are its own, as each data-parallel rank's are.
 `--evaluate`: then the Trainer's `evaluate()` of `EVAL_ROWS` rows in batches of 8 (a full batch and a remainder),
 its metrics recorded as "eval". `--tp N` / `--cp N`: accelerate's `ParallelismConfig(tp_size=N)` (the model loaded
 sharded, `tp_plan="auto"`, as accelerate requires) / `cp_size=N` (under an FSDP2 launch); GPU-only, refused on a CPU
@@ -64,6 +67,14 @@ def parameters_digest(trainer) -> str:
     return digest.hexdigest()
 
 
+def checkpoint_wrappers(trainer) -> int:
+    """The layers accelerate's FSDP activation checkpointing (`fsdp_activation_checkpointing`) wrapped (`fully_shard`
+    then renames their class `FSDPCheckpointWrapper`)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    return sum(isinstance(module, CheckpointWrapper) for module in trainer.model_wrapped.modules())
+
+
 def record_state_dict_offload() -> list[bool]:
     """The `cpu_offload` of every state dict DCP is asked for (model and optimizer; appended as they come)."""
     import torch.distributed.checkpoint.state_dict as dcp_state
@@ -113,6 +124,8 @@ def main(
     evaluate: bool = False,
     tp: int = 1,
     cp: int = 1,
+    windows_checkpointing: bool = False,
+    windows_micro_batches: int = 1,
 ):
     torch.manual_seed(0)
     data = torch.randint(3, 500, (GLOBAL_BATCH * STEPS, SEQ), generator=torch.Generator().manual_seed(1))
@@ -156,6 +169,8 @@ def main(
     record["state_dict_offload"] = list(offloads)  # cpu_offload of each state dict train()'s saves took
     record["optimizer"] = type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__
     record["gradient_checkpointing"] = trainer.model.is_gradient_checkpointing
+    record["checkpoint_wrappers"] = checkpoint_wrappers(trainer)
+    record["fused_loss_unavailable"] = trainer.model._fused_loss_unavailable()  # None: the chunked loss ran
     probe = data[:2]
     if trainer.get_sp_size() > 1:  # Ulysses is off in eval mode (sp_disable_in_eval): each rank runs the whole probe
         trainer.model_wrapped.eval()
@@ -170,7 +185,11 @@ def main(
     Path(output_dir, name).write_text(json.dumps(record))
     trainer.accelerator.wait_for_everyone()
     if also_windows_documents:
-        windows_documents(Path(output_dir) / "windows_documents", per_device, deepspeed, sp, data)
+        windows = Path(output_dir) / "windows_documents"
+        windows_documents(windows, per_device, deepspeed, sp, data, gradient_checkpointing=windows_checkpointing)
+    if windows_micro_batches > 1:
+        micro = Path(output_dir) / "windows_documents_micro"
+        windows_documents(micro, per_device // windows_micro_batches, deepspeed, sp, data, windows_micro_batches)
     trainer.accelerator.end_training()
 
 
@@ -214,7 +233,15 @@ def rows_as_sp_groups_train_them(data: torch.Tensor, sp_spec: str) -> torch.Tens
     return reordered
 
 
-def windows_documents(output_dir: Path, per_device: int, deepspeed: str | None, sp: int, data: torch.Tensor) -> None:
+def windows_documents(
+    output_dir: Path,
+    per_device: int,
+    deepspeed: str | None,
+    sp: int,
+    data: torch.Tensor,
+    accumulation: int = 1,
+    gradient_checkpointing: bool = False,
+) -> None:
     """The same steps with a window layer then a full one (`window_pattern="SL"`, 8 tokens) over packed documents,
     each layer's MLP a mixture of 8 experts (top-2): under SP, what Ulysses' attention drops the mask of
     (training/sequence_parallel.py, `FullSequenceSdpa`) and a router loss over the whole rows (its 5.)."""
@@ -224,7 +251,15 @@ def windows_documents(output_dir: Path, per_device: int, deepspeed: str | None, 
         parallel_state_sp._release_sequence_parallel_groups()
     torch.manual_seed(0)
     data = data.masked_fill(data % 7 == 0, EOS)
-    args = arguments(output_dir, per_device, deepspeed, sp, save_strategy="no")
+    args = arguments(
+        output_dir,
+        per_device,
+        deepspeed,
+        sp,
+        save_strategy="no",
+        gradient_accumulation_steps=accumulation,
+        gradient_checkpointing=gradient_checkpointing,
+    )
     preset = get_preset("tiny-moe", vocab_size=512, num_hidden_layers=2, window_pattern="SL", sliding_window=8)
     model, losses = PretrainForCausalLM(preset), Losses()
     dataset = Dataset.from_dict({"input_ids": data.tolist()})
@@ -233,6 +268,8 @@ def windows_documents(output_dir: Path, per_device: int, deepspeed: str | None, 
     trainer.add_callback(losses)
     trainer.train()
     record = {"losses": losses.losses, "grad_norms": losses.grad_norms, "world_size": args.world_size}
+    record["gradient_checkpointing"] = trainer.model.is_gradient_checkpointing
+    record["checkpoint_wrappers"] = checkpoint_wrappers(trainer)
     record["digest"] = parameters_digest(trainer)
     probe = collator([{"input_ids": row} for row in data[:2].tolist()])  # Ulysses is off in eval mode: whole rows
     trainer.model_wrapped.eval()
@@ -252,6 +289,10 @@ if __name__ == "__main__":
     also = "--windows_documents" in sys.argv
     groups = sys.argv.pop(sys.argv.index("--as_sp_groups") + 1) if "--as_sp_groups" in sys.argv else None
     evaluate = "--evaluate" in sys.argv
+    windows_checkpointing = "--windows_checkpointing" in sys.argv
+    micro = (
+        int(sys.argv.pop(sys.argv.index("--windows_micro_batches") + 1)) if "--windows_micro_batches" in sys.argv else 1
+    )
     flags = (
         "--optim",
         "--gradient_checkpointing",
@@ -262,10 +303,13 @@ if __name__ == "__main__":
         "--windows_documents",
         "--as_sp_groups",
         "--evaluate",
+        "--windows_checkpointing",
+        "--windows_micro_batches",
     )
     sys.argv = [a for a in sys.argv if a not in flags]
     deepspeed_config = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
     save = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     resume = len(sys.argv) > 5 and sys.argv[5] == "resume"
     args = (deepspeed_config, save, resume, optim, checkpointing, sp, own_count, also, groups, evaluate, tp, cp)
+    args += (windows_checkpointing, micro)
     main(sys.argv[1], int(sys.argv[2]), *args)
