@@ -10,11 +10,22 @@ import sys
 
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForCausalLM
 
 from hf_pretrain import PretrainForCausalLM, export_hf
 from hf_pretrain.training.resume.check import check_checkpoint
-from tests.distributed.test_distributed import CONFIGS, assert_same_curve, finish, free_port, launch, ranks
+from tests.distributed.test_distributed import (
+    CONFIGS,
+    WINDOWS,
+    assert_counts_each_token_once,
+    assert_follows,
+    assert_windows_follow_the_micro_batches,
+    finish,
+    free_port,
+    launch,
+    ranks,
+)
 from tests.distributed.test_multiprocess_resume import launch as launch_resume
 from tests.distributed.test_multiprocess_resume import losses
 
@@ -30,9 +41,9 @@ def fsdp2(*extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    """6 steps, 2 ranks x 4, sharded checkpoints at steps 3 and 6."""
+    """6 steps, 2 ranks x 4, sharded checkpoints at steps 3 and 6; then `WINDOWS` (test_distributed.py)."""
     out = tmp_path_factory.mktemp("fsdp2")
-    finish(launch(*fsdp2(), out=out, per_device=4, extra=["-", "3"]))
+    finish(launch(*fsdp2(), out=out, per_device=4, extra=["-", "3", *WINDOWS]))
     return out
 
 
@@ -57,8 +68,14 @@ def test_fsdp2_configs_launch_as_fsdp2_plugins(name, monkeypatch):
 
 
 def test_fsdp2_follows_the_single_process_and_ddp_curve(straight, single):
+    """The curve DDP meets (test_distributed.py), each token counted once; windows over packed documents through
+    MoE layers, checkpointed (`WINDOWS`). The chunked loss steps aside: `fully_shard` makes the head an FSDPLinear
+    (the full logits are computed, with a warning)."""
     records = ranks(straight)
-    assert_same_curve(records, single, 1e-5)  # DDP meets the same reference at 1e-5 (test_distributed.py)
+    assert_follows(records, single)
+    assert_counts_each_token_once(records, single)
+    assert [r["fused_loss_unavailable"] for r in records] == ["lm_head is a FSDPLinear, not a bare nn.Linear"] * 2
+    assert_windows_follow_the_micro_batches(straight, single)
 
 
 def test_fsdp2_saves_full_weights_that_export_hf_and_plain_transformers_read(straight, tmp_path):
@@ -111,6 +128,23 @@ def test_fsdp2_checkpoints_are_sharded_checked_and_resume_exactly(straight, tmp_
     resumed = json.loads((tmp_path / "rank-0-resumed.json").read_text())["losses"]
     assert sorted(resumed) == ["4", "5", "6"]
     assert resumed == {step: reference[step] for step in resumed}  # bit for bit
+
+
+@pytest.mark.exhaustive  # a launch; make test: the Trainer's own gradient_checkpointing under FSDP2 (`WINDOWS`)
+def test_fsdp2_with_accelerates_activation_checkpointing_follows_the_same_curve(tmp_path, single):
+    """`fsdp_activation_checkpointing: true`, what `hf-pretrain plan` writes for a checkpointed FSDP2 run
+    (plan/output.py): accelerate wraps each decoder layer in torch's `CheckpointWrapper` before `fully_shard`, in
+    both runs of the launch (the Trainer's own flag stays off: transformers refuses the two together)."""
+    config = yaml.safe_load(FSDP2.read_text())
+    config["fsdp_config"]["fsdp_activation_checkpointing"] = True
+    (tmp_path / "checkpointed.yaml").write_text(yaml.safe_dump(config))
+    port = str(free_port())
+    command = ["--config_file", str(tmp_path / "checkpointed.yaml"), "--main_process_port", port]
+    finish(launch(*command, out=tmp_path, per_device=4, extra=["--windows_documents"]))
+    records, windows = ranks(tmp_path), ranks(tmp_path / "windows_documents")
+    assert [r["checkpoint_wrappers"] for r in records + windows] == [2] * 4  # the tiny preset's 2 decoder layers
+    assert_follows(records, single)
+    assert_windows_follow_the_micro_batches(tmp_path, single, trainer_checkpointing=False)
 
 
 @pytest.mark.exhaustive  # make test: the DDP killed-rank resume and the FSDP2 resume from a checkpoint above

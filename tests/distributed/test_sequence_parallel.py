@@ -29,40 +29,25 @@ import sys
 
 import pytest
 import torch
-from transformers import LlamaForCausalLM
 
-from hf_pretrain import export_hf
-from tests.distributed.test_distributed import CONFIGS, ENV, ROOT, SCRIPT, ZERO3, finish, free_port, launch, ranks
+from tests.distributed.test_distributed import (
+    CONFIGS,
+    ENV,
+    ROOT,
+    SCRIPT,
+    ZERO3,
+    assert_counts_each_token_once,
+    assert_evaluates_as_one_process,
+    assert_exports_the_one_process_model,
+    assert_follows,
+    finish,
+    free_port,
+    launch,
+    ranks,
+)
 
 pytestmark = pytest.mark.distributed
 POPEN = dict(cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def assert_follows(records, single, tolerance=1e-5):
-    assert [r["world_size"] for r in records] == [2, 2]
-    assert len(single["losses"]) == 6
-    assert len({r["digest"] for r in records}) == 1  # both ranks hold the same (gathered) parameters
-    for key in ("losses", "grad_norms"):
-        for step, value in single[key].items():
-            assert abs(records[0][key][step] - value) <= tolerance, (key, step)
-
-
-def assert_counts_each_token_once(records, single):
-    assert single["tokens_seen"] == 6 * 8 * 32  # one process: 6 steps of 8 rows of 32 tokens
-    assert [r["tokens_seen"] for r in records] == [single["tokens_seen"]] * 2
-    assert [r["flops_per_token"] for r in records] == [single["flops_per_token"]] * 2
-
-
-def assert_evaluates_as_one_process(records, single, tolerance=1e-5, loss=True):
-    """The Trainer's `evaluate()` of 13 rows in batches of 8: a full batch and a remainder of 5, each row counted
-    once (both ranks of a TP group score the same rows; under SP each rank its own whole rows). The curve's tolerance, for the same fp32 forward; counted
-    once per TP rank, the full batch weighed 16/21 instead of 8/13 (eval_loss 1.1e-4 off at TP=2). Perplexity is
-    exp(the per-token loss): held to the same tolerance relatively."""
-    for record in records:
-        assert abs(record["eval"]["eval_next_token_accuracy"] - single["eval"]["eval_next_token_accuracy"]) <= tolerance
-        assert abs(record["eval"]["eval_perplexity"] / single["eval"]["eval_perplexity"] - 1) <= tolerance
-        if loss:
-            assert abs(record["eval"]["eval_loss"] - single["eval"]["eval_loss"]) <= tolerance
 
 
 def test_sp2_under_zero3_follows_the_single_process_curve(tmp_path, single):
@@ -88,20 +73,6 @@ def test_sp2_under_zero3_follows_the_single_process_curve(tmp_path, single):
     assert (sp["sp"], sp["zero"], sp["gpus"], whole["sp"]) == (2, 3, 2, 1)
     assert 2 * sp["activations"] == whole["activations"]
     assert_exports_the_one_process_model(tmp_path, records, single)
-
-
-def assert_exports_the_one_process_model(out, records, single):
-    """save_model's gathered ZeRO-3 weights, exported, load in plain `LlamaForCausalLM` with the SP run's own logits
-    (same weights, same math) and the one process's: its weights come from the same fp32 math in another order, the
-    curve's argument (measured 6.0e-7 on logits of magnitude ~1; held to 1e-5 as the losses are)."""
-    plain = export_hf(out / "model", out / "plain")
-    loaded = LlamaForCausalLM.from_pretrained(plain).eval()
-    assert type(loaded) is LlamaForCausalLM
-    probe = torch.randint(3, 500, (48, 32), generator=torch.Generator().manual_seed(1))[:2]  # dist_run.py's probe
-    with torch.no_grad():
-        logits = loaded(input_ids=probe).logits
-    assert torch.allclose(logits, torch.tensor(records[0]["logits"]), atol=1e-5, rtol=0)
-    assert torch.allclose(logits, torch.tensor(single["logits"]), atol=1e-5, rtol=0)
 
 
 @pytest.mark.exhaustive  # two launches: the accelerate launch config's parallelism_config keys, then a resume

@@ -26,11 +26,18 @@ import pytest
 import torch
 
 from hf_pretrain import PretrainForCausalLM, get_preset
-from tests.distributed.test_distributed import CONFIGS, ENV, ROOT, SCRIPT, finish, free_port, launch, ranks
-from tests.distributed.test_sequence_parallel import (
+from tests.distributed.test_distributed import (
+    CONFIGS,
+    ENV,
+    ROOT,
+    SCRIPT,
     assert_counts_each_token_once,
     assert_evaluates_as_one_process,
     assert_exports_the_one_process_model,
+    finish,
+    free_port,
+    launch,
+    ranks,
 )
 
 pytestmark = pytest.mark.distributed
