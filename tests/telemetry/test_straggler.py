@@ -246,19 +246,26 @@ def test_two_cpu_ranks_the_slow_one_is_named(tmp_path, accumulation):
 def test_under_sharding_the_rank_slow_in_its_linears_is_named(tmp_path, engine):
     """ZeRO-3 and FSDP2 gather weights inside forward and backward, so every rank waits for the slow one inside
     its compute: the rule reads `local_s`, each rank's own linear forward time. One real 2-rank run per engine."""
+    first = assert_rank_one_named_by_its_linears(tmp_path, engine)
+    # the other ranks' wait is in the gathers inside forward and backward
+    assert "wait for it inside the collectives" in first["straggler_warning"]
+
+
+def assert_rank_one_named_by_its_linears(tmp_path, engine: str) -> dict:
+    """Rank 1 slowed by 0.1 s per forward inside its timed linears, on 2 ranks of `engine`: named on the local basis
+    (no DDP bucket hook), with equal shards scored by their local times; the first record that flags it."""
     records, proc = launch(tmp_path, 2, slow="1:0.1", engine=engine)
     flagged = [r for r in records if "straggler_warning" in r]
     assert flagged, records
     first = flagged[0]
     assert first["straggler_slowest_rank"] == 1 and first["straggler_warning"].startswith("rank 1 (")
-    # the local basis ran (no DDP bucket hook): the warning says so and the other ranks' wait is in collectives
     assert "in its forward matmuls" in first["straggler_warning"]
-    assert "wait for it inside the collectives" in first["straggler_warning"]
     assert first["rank1_score"] == pytest.approx(first["rank0_local_s"] / first["rank1_local_s"])
     assert first["rank1_score"] < 0.75 <= first["rank0_score"]
     # rank 1's linears carry the injected 0.1 s per forward (spread over them) on top of their own work
     assert first["rank1_local_s"] - first["rank0_local_s"] == pytest.approx(0.1, rel=0.5)
     assert "straggler at step" in proc.stderr + proc.stdout
+    return first
 
 
 @pytest.mark.distributed
@@ -286,16 +293,7 @@ def test_under_tensor_and_sequence_parallelism_the_rank_slow_in_its_linears_is_n
     batch and wait for each other inside forward (AutoTP's row-parallel all-reduce, Ulysses' all-to-all). The rule
     reads `local_s`: under AutoTP the column-parallel layers DeepSpeed put in place of q/k/v, gate and up (no
     collective in their forward), under SP the plain linears."""
-    records, proc = launch(tmp_path, 2, slow="1:0.1", engine=engine)
-    flagged = [r for r in records if "straggler_warning" in r]
-    assert flagged, records
-    first = flagged[0]
-    assert first["straggler_slowest_rank"] == 1 and first["straggler_warning"].startswith("rank 1 (")
-    assert "in its forward matmuls" in first["straggler_warning"]
-    assert first["rank1_score"] == pytest.approx(first["rank0_local_s"] / first["rank1_local_s"])  # equal shards
-    assert first["rank1_score"] < 0.75 <= first["rank0_score"]
-    assert first["rank1_local_s"] - first["rank0_local_s"] == pytest.approx(0.1, rel=0.5)
-    assert "straggler at step" in proc.stderr + proc.stdout
+    assert_rank_one_named_by_its_linears(tmp_path, engine)
 
 
 @pytest.mark.distributed
