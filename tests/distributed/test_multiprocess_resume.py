@@ -168,6 +168,7 @@ def test_a_stopped_rank_is_caught_by_the_watchdog_and_the_run_recovers(tmp_path,
 
 SHARDED = {
     "fsdp2": ({"config": CONFIGS / "cpu_2proc_fsdp2.yaml"}, ()),
+    "zero2": ({}, (str(ROOT / "ds_configs" / "zero2.json"),)),
     "zero3": ({}, (str(ROOT / "ds_configs" / "zero3.json"),)),
 }
 
