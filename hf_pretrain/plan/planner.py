@@ -452,6 +452,16 @@ def largest_micro_batch(
     return micro
 
 
+def first_fit(config, strategy: Strategy, hw: Hardware, seq_len: int, usable: float, sp: int = 1, tp: int = 1):
+    """(strategy, checkpointing, micro-batch) without activation checkpointing if a micro-batch fits, else with;
+    None when neither holds one."""
+    for checkpointing in (False, True):
+        micro = largest_micro_batch(config, strategy, hw, seq_len, usable, checkpointing, sp, tp)
+        if micro:
+            return strategy, checkpointing, micro
+    return None
+
+
 def fit_memory(
     config, hw: Hardware, seq_len: int, usable: float, strategies: list[Strategy], wanted: int, options=(False, True)
 ):
@@ -551,11 +561,8 @@ def fit_sequence_parallel(config, request: PlanRequest, hw: Hardware, usable: fl
         )
     zero3, fits = STRATEGIES["zero3"], []
     for sp in degrees:
-        for checkpointing in (False, True):
-            micro = largest_micro_batch(config, zero3, hw, seq, usable, checkpointing, sp)
-            if micro:
-                fits.append((zero3, checkpointing, micro, sp))
-                break
+        if fit := first_fit(config, zero3, hw, seq, usable, sp):
+            fits.append((*fit, sp))
         if fits and link_rate(hw) is None:
             break
     if not fits:
@@ -599,11 +606,8 @@ def fit_tensor_parallel(config, request: PlanRequest, hw: Hardware, usable: floa
     seq, zero1, fits = request.seq_len, STRATEGIES["zero1_tp"], []
     degrees = tp_degrees(config, hw)
     for tp in degrees:
-        for checkpointing in (False, True):
-            micro = largest_micro_batch(config, zero1, hw, seq, usable, checkpointing, tp=tp)
-            if micro:
-                fits.append((zero1, checkpointing, micro, tp))
-                break
+        if fit := first_fit(config, zero1, hw, seq, usable, tp=tp):
+            fits.append((*fit, tp))
         if fits and link_rate(hw) is None:
             break
     if not fits:
@@ -855,17 +859,14 @@ def across_node_options(config, request: PlanRequest, hw: Hardware, usable: floa
     if link_rate(hw) is None:
         return options
 
-    def first_fit(strategy: Strategy, sp: int, tp: int):
-        for checkpointing in (False, True):
-            micro = largest_micro_batch(config, strategy, hw, seq, usable, checkpointing, sp, tp)
-            if micro:
-                return (strategy, checkpointing, micro), sp, tp
-        return None
+    def option(strategy: Strategy, sp: int, tp: int):
+        fit = first_fit(config, strategy, hw, seq, usable, sp, tp)
+        return fit and (fit, sp, tp)
 
     if not sp_blocker(config, request.sharding) and SLIDING not in (config.layer_types or []):
-        options += [first_fit(STRATEGIES["zero3"], sp, 1) for sp in sp_degrees(config, hw, seq)]
+        options += [option(STRATEGIES["zero3"], sp, 1) for sp in sp_degrees(config, hw, seq)]
     if not tp_blocker(request, hw):
-        tps = [first_fit(STRATEGIES["zero1_tp"], 1, tp) for tp in tp_degrees(config, hw)]
+        tps = [option(STRATEGIES["zero1_tp"], 1, tp) for tp in tp_degrees(config, hw)]
         even = [o for o in tps if o and splits_heads(config, o[2])]
         options += even or tps
     unique = []
